@@ -1,0 +1,71 @@
+# gpusizer: every set-up step lives here, so a fresh machine needs only `make demo` or `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help
+help: ## List the targets with what they do
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-24s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create the Python virtualenv with the operator and its dev tools
+
+.PHONY: prometheus
+prometheus: ## Install Prometheus from Debian's packages if it is missing
+	scripts/install-prometheus.sh
+
+.PHONY: lint
+lint: venv ## ruff (lint and format check) and mypy strict on the package
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+.PHONY: crds
+crds: venv ## Regenerate crds/ from the pydantic models
+	$(BIN)/gpusizer crds > crds/gpusizer.io_workloadsizings.yaml
+
+.PHONY: unit
+unit: venv ## Fast tests of the pure parts (policy, models, parsing)
+	$(BIN)/pytest -q tests/unit
+
+.PHONY: integration
+integration: venv prometheus ## Tests against a real Prometheus server started on a free port
+	$(BIN)/pytest -q tests/integration
+
+.PHONY: cluster-binary
+cluster-binary: ## Build (or reuse from the cache) the local control-plane binary
+	e2e/scripts/build-cluster.sh
+
+.PHONY: cluster-up
+cluster-up: venv prometheus cluster-binary ## Start the local GPU cluster; writes .cluster/env
+	e2e/scripts/cluster-up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop every process the local cluster started and remove its state
+	e2e/scripts/cluster-down.sh
+
+.PHONY: e2e
+e2e: venv prometheus cluster-binary ## End-to-end tests on the local GPU cluster (starts its own)
+	$(BIN)/pytest -q e2e/tests
+
+.PHONY: test
+test: lint unit integration e2e ## Everything CI runs: lint, types, unit, integration, e2e
+
+.PHONY: demo
+demo: venv prometheus cluster-binary ## The main job: the operator on the local GPU cluster under load
+	$(PY) -m e2e.demo
+
+.PHONY: bench-decision-quality
+bench-decision-quality: venv ## Replay every shared trace through gpusizer, HPA, KEDA, static, optimal
+	$(PY) bench/decision_quality.py
