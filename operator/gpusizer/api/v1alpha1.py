@@ -1,0 +1,415 @@
+"""WorkloadSizing v1alpha1: the single source of the CRD schema, the operator and the simulator.
+
+Field names (the aliases) are the product's interface; Python attribute names are snake_case.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GROUP = "gpusizer.io"
+VERSION = "v1alpha1"
+KIND = "WorkloadSizing"
+PLURAL = "workloadsizings"
+SINGULAR = "workloadsizing"
+SHORT_NAMES = ["wls"]
+
+Percent = Annotated[float, Field(ge=0, le=100)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """One x-kubernetes-validations entry; the API server reports `message` at `field_path`."""
+    entry: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class Mode(StrEnum):
+    AUTO = "Auto"
+    RECOMMEND = "Recommend"
+    OFF = "Off"
+
+
+class Server(StrEnum):
+    VLLM = "vllm"
+    TRITON = "triton"
+    TGI = "tgi"
+    SGLANG = "sglang"
+    NONE = "none"
+
+
+class TargetRef(_Model):
+    api_version: str = Field(
+        "apps/v1",
+        alias="apiVersion",
+        min_length=1,
+        description="API version of the scaled object, e.g. apps/v1.",
+    )
+    kind: str = Field(
+        "Deployment",
+        min_length=1,
+        description="Kind of the scaled object; anything with a /scale subresource works.",
+    )
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of the scaled object, in the WorkloadSizing's namespace.",
+    )
+
+
+class ScalingRules(_Model):
+    stabilization_window_seconds: int = Field(
+        alias="stabilizationWindowSeconds",
+        ge=0,
+        le=3600,
+        description=(
+            "Look back this long and act on the most conservative recommendation of the window "
+            "(the highest for scale-down, the lowest for scale-up)."
+        ),
+    )
+    max_replicas_per_step: int = Field(
+        alias="maxReplicasPerStep",
+        ge=1,
+        description="At most this many replicas added (or removed) per periodSeconds.",
+    )
+    period_seconds: int = Field(
+        15,
+        alias="periodSeconds",
+        ge=1,
+        le=1800,
+        description="Length of the window over which maxReplicasPerStep applies.",
+    )
+
+
+def _default_scale_up() -> ScalingRules:
+    return ScalingRules(stabilization_window_seconds=0, max_replicas_per_step=4, period_seconds=15)
+
+
+def _default_scale_down() -> ScalingRules:
+    return ScalingRules(
+        stabilization_window_seconds=300, max_replicas_per_step=2, period_seconds=15
+    )
+
+
+class ReplicasSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.min <= self.max", "replicas.min must be <= replicas.max", ".min"),
+                cel(
+                    "has(self.targetGPUUtilization) || has(self.targetQueuePerReplica)",
+                    "set at least one scaling signal: replicas.targetGPUUtilization "
+                    "or replicas.targetQueuePerReplica",
+                ),
+            ]
+        }
+    )
+
+    minimum: int = Field(
+        1,
+        alias="min",
+        ge=0,
+        le=10000,
+        description="Fewest replicas; 0 is allowed only with scaleToZero.enabled.",
+    )
+    maximum: int = Field(
+        alias="max", ge=1, le=10000, description="Most replicas the operator will ever set."
+    )
+    target_gpu_utilization: float | None = Field(
+        None,
+        alias="targetGPUUtilization",
+        gt=0,
+        le=100,
+        description=(
+            "Percent busy to hold per replica: DCGM_FI_DEV_GPU_UTIL on whole GPUs, "
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE x 100 on MIG slices."
+        ),
+    )
+    target_queue_per_replica: float | None = Field(
+        None,
+        alias="targetQueuePerReplica",
+        gt=0,
+        description="Waiting requests per replica to hold (the server's queue-depth gauge).",
+    )
+    tolerance: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="No change while |observed/target - 1| is within this fraction.",
+    )
+    scale_up: ScalingRules = Field(
+        default_factory=_default_scale_up,
+        alias="scaleUp",
+        description="How fast replicas are added.",
+    )
+    scale_down: ScalingRules = Field(
+        default_factory=_default_scale_down,
+        alias="scaleDown",
+        description="How fast replicas are removed.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_and_signal(self) -> ReplicasSpec:
+        if self.minimum > self.maximum:
+            raise ValueError("replicas.min must be <= replicas.max")
+        if self.target_gpu_utilization is None and self.target_queue_per_replica is None:
+            raise ValueError(
+                "set at least one scaling signal: replicas.targetGPUUtilization "
+                "or replicas.targetQueuePerReplica"
+            )
+        return self
+
+
+class ScaleToZeroSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!self.enabled || size(self.wakeQuery) > 0",
+                    "scaleToZero.wakeQuery is required when scaleToZero.enabled: at zero "
+                    "replicas nothing else shows demand",
+                    ".wakeQuery",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(False, description="Scale to zero when idle, and back on demand.")
+    idle_seconds: int = Field(
+        600,
+        alias="idleSeconds",
+        ge=0,
+        description="Idle this long (no queue, utilisation under idleUtilization) before zero.",
+    )
+    idle_utilization: float = Field(
+        5,
+        alias="idleUtilization",
+        ge=0,
+        le=100,
+        description="Utilisation percent under which a replica counts as idle.",
+    )
+    wake_query: str = Field(
+        "",
+        alias="wakeQuery",
+        max_length=4096,
+        description=(
+            "PromQL returning the demand waiting outside the pods (e.g. a gateway's pending "
+            "requests); a scalar or a one-element vector."
+        ),
+    )
+    wake_threshold: float = Field(
+        0,
+        alias="wakeThreshold",
+        ge=0,
+        description="Wake when the wake query is strictly above this.",
+    )
+
+    @model_validator(mode="after")
+    def _wake_query_when_enabled(self) -> ScaleToZeroSpec:
+        if self.enabled and not self.wake_query:
+            raise ValueError("scaleToZero.wakeQuery is required when scaleToZero.enabled")
+        return self
+
+
+class MetricsSpec(_Model):
+    server: Server = Field(
+        Server.VLLM,
+        description="Inference server; picks the default queue-depth series.",
+    )
+    queue_query: str = Field(
+        "",
+        alias="queueQuery",
+        max_length=4096,
+        description="PromQL overriding the server's queue series; summed per pod.",
+    )
+    max_sample_age_seconds: int = Field(
+        90,
+        alias="maxSampleAgeSeconds",
+        ge=1,
+        le=3600,
+        description="Samples older than this count as missing.",
+    )
+
+
+class RightSizingSpec(_Model):
+    mode: Mode = Field(
+        Mode.RECOMMEND,
+        description="Off, Recommend (report the better slice) or Auto (move the workload).",
+    )
+    allowed_slices: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        alias="allowedSlices",
+        max_length=64,
+        description="Optional allow-list of slices, e.g. mig-3g.40gb, gpu-l4.",
+    )
+    memory_headroom_percent: float = Field(
+        15,
+        alias="memoryHeadroomPercent",
+        ge=0,
+        le=200,
+        description="Added to the measured peak GPU memory before choosing a slice.",
+    )
+    history_seconds: int = Field(
+        3600,
+        alias="historySeconds",
+        ge=60,
+        le=30 * 86400,
+        description="How much measured history a recommendation is based on.",
+    )
+    min_savings_percent: float = Field(
+        15,
+        alias="minSavingsPercent",
+        ge=0,
+        le=100,
+        description="Do not move for a smaller saving than this.",
+    )
+
+
+class WorkloadSizingSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.replicas.min > 0 || (has(self.scaleToZero) && self.scaleToZero.enabled)",
+                    "replicas.min: 0 requires scaleToZero.enabled",
+                    ".replicas.min",
+                )
+            ]
+        }
+    )
+
+    target_ref: TargetRef = Field(alias="targetRef", description="The workload to size.")
+    container: str | None = Field(
+        None,
+        max_length=253,
+        description="Container to size; default: the container that requests GPUs.",
+    )
+    mode: Mode = Field(
+        Mode.AUTO,
+        description="Auto changes replicas; Recommend computes and reports only; Off does nothing.",
+    )
+    replicas: ReplicasSpec = Field(description="Replica bounds, targets and rate limits.")
+    scale_to_zero: ScaleToZeroSpec = Field(
+        default_factory=ScaleToZeroSpec,
+        alias="scaleToZero",
+        description="Scale to zero when idle and back when demand appears.",
+    )
+    metrics: MetricsSpec = Field(
+        default_factory=MetricsSpec, description="Where the signals come from."
+    )
+    right_sizing: RightSizingSpec = Field(
+        default_factory=RightSizingSpec,
+        alias="rightSizing",
+        description="Choice of MIG slice or GPU type.",
+    )
+
+    @model_validator(mode="after")
+    def _zero_needs_scale_to_zero(self) -> WorkloadSizingSpec:
+        if self.replicas.minimum == 0 and not self.scale_to_zero.enabled:
+            raise ValueError("replicas.min: 0 requires scaleToZero.enabled")
+        return self
+
+
+class Observation(_Model):
+    gpu_utilization: float | None = Field(
+        None, alias="gpuUtilization", description="Mean GPU utilisation percent of ready pods."
+    )
+    queue_per_replica: float | None = Field(
+        None, alias="queuePerReplica", description="Waiting requests per ready replica."
+    )
+    memory_peak_mib: float | None = Field(
+        None, alias="memoryPeakMiB", description="Highest GPU memory used by a pod, MiB."
+    )
+    sample_age_seconds: float | None = Field(
+        None, alias="sampleAgeSeconds", description="Age of the oldest sample used."
+    )
+    time: str | None = Field(None, description="When the observation was made.")
+
+
+class Recommendation(_Model):
+    slice: str | None = Field(None, description="Recommended slice, e.g. mig-3g.40gb.")
+    resource: str | None = Field(None, description="Its extended resource name.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, alias="nodeSelector", description="Node selector for the slice."
+    )
+    replicas: int | None = Field(None, description="Replicas needed on the slice.")
+    cost_per_hour: float | None = Field(
+        None, alias="costPerHour", description="Cost per hour on the slice."
+    )
+    current_cost_per_hour: float | None = Field(
+        None, alias="currentCostPerHour", description="Cost per hour now."
+    )
+    reason: str | None = Field(None, description="What the recommendation is based on.")
+
+
+class Condition(_Model):
+    type: str = Field(description="Condition type.")
+    status: str = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(
+        alias="lastTransitionTime", description="When the status last changed."
+    )
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", description="Spec generation this reflects."
+    )
+
+
+class RecommendationSample(_Model):
+    time: str = Field(description="When the replica count was recommended.")
+    replicas: int = Field(ge=0, description="The recommended replica count.")
+
+
+class ScaleEvent(_Model):
+    time: str = Field(description="When the operator changed the replica count.")
+    from_replicas: int = Field(alias="fromReplicas", ge=0, description="Replicas before.")
+    to_replicas: int = Field(alias="toReplicas", ge=0, description="Replicas after.")
+
+
+class WorkloadSizingStatus(_Model):
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", description="Spec generation last acted on."
+    )
+    current_replicas: int | None = Field(
+        None, alias="currentReplicas", description="Replicas the target has."
+    )
+    desired_replicas: int | None = Field(
+        None, alias="desiredReplicas", description="Replicas the operator wants."
+    )
+    observation: Observation | None = Field(None, description="What the signals showed.")
+    last_scale_time: str | None = Field(
+        None, alias="lastScaleTime", description="When replicas were last changed."
+    )
+    last_active_time: str | None = Field(
+        None, alias="lastActiveTime", description="Last time the workload was not idle."
+    )
+    recommendation: Recommendation | None = Field(None, description="Right-sizing advice.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current state.")
+    recommendations: list[RecommendationSample] = Field(
+        default_factory=list,
+        description="Recent replica recommendations, kept for the stabilisation windows.",
+    )
+    scale_events: list[ScaleEvent] = Field(
+        default_factory=list,
+        alias="scaleEvents",
+        description="Recent replica changes, kept for the per-period step limits.",
+    )
+
+
+class WorkloadSizing(_Model):
+    """The whole object, for validating what the API server hands us."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = Field(f"{GROUP}/{VERSION}", alias="apiVersion")
+    kind: str = KIND
+    spec: WorkloadSizingSpec
+    status: WorkloadSizingStatus = Field(default_factory=WorkloadSizingStatus)

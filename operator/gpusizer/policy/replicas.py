@@ -1,0 +1,324 @@
+"""The replica policy: how many replicas a workload should have now.
+
+Pure: the caller passes the spec, what the cluster and Prometheus showed, the decision history
+and the clock; the result is plain data. The operator and the simulator run this same code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from gpusizer.api.v1alpha1 import ReplicasSpec, WorkloadSizingSpec
+from gpusizer.vocabulary import Reason
+
+
+@dataclass(frozen=True)
+class ReplicaCounts:
+    """Replicas as the cluster shows them."""
+
+    current: int  # what the target asks for (its /scale spec.replicas)
+    ready: int  # pods serving
+    starting: int  # pods pending or running but not ready: capacity on its way
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What Prometheus showed for one workload; None means unknown, never zero."""
+
+    gpu_utilization: float | None = None  # mean percent over ready pods
+    queue_total: float | None = None  # waiting requests summed over pods
+    wake_demand: float | None = None  # value of the wake query
+    unknown_reasons: tuple[str, ...] = ()  # why a signal is unknown, for the user
+
+
+@dataclass(frozen=True)
+class ScaleEventRecord:
+    time: float
+    from_replicas: int
+    to_replicas: int
+
+
+@dataclass(frozen=True)
+class History:
+    """Everything a decision depends on besides the present: persisted in the status."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    scale_events: tuple[ScaleEventRecord, ...] = ()
+    last_active_time: float | None = None
+
+    def with_scale_event(self, now: float, from_replicas: int, to_replicas: int) -> History:
+        """Record a change that was actually made (Recommend mode records none)."""
+        event = ScaleEventRecord(now, from_replicas, to_replicas)
+        return replace(self, scale_events=(*self.scale_events, event))
+
+
+@dataclass(frozen=True)
+class ReplicaDecision:
+    desired: int
+    reason: Reason
+    message: str
+    limited_by: Reason = Reason.NOT_LIMITED
+    metrics_known: bool = True
+    idle: bool = False
+    history: History = field(default_factory=History)
+
+
+_DecisionFactory = Callable[[int, Reason, str, Reason], "ReplicaDecision"]
+
+
+def decide_replicas(
+    spec: WorkloadSizingSpec,
+    counts: ReplicaCounts,
+    signals: Signals,
+    history: History,
+    now: float,
+) -> ReplicaDecision:
+    """Desired replicas for one workload at time `now`."""
+    rules = spec.replicas
+    stz = spec.scale_to_zero
+    zero_allowed = stz.enabled and rules.minimum == 0
+    missing = _missing_signals(spec, counts, signals, zero_allowed)
+    metrics_known = not missing
+    demand_outside = signals.wake_demand is not None and signals.wake_demand > stz.wake_threshold
+    idle = metrics_known and _is_idle(spec, counts, signals, demand_outside)
+    last_active = history.last_active_time
+    if last_active is None or not idle:
+        last_active = now
+    history = replace(
+        history,
+        last_active_time=last_active,
+        recommendations=_prune_recommendations(history.recommendations, rules, now),
+        scale_events=_prune_events(history.scale_events, rules, now),
+    )
+    unknown_note = f"; unknown: {', '.join(signals.unknown_reasons or missing)}" if missing else ""
+
+    def decision(desired: int, reason: Reason, message: str, limited: Reason) -> ReplicaDecision:
+        return ReplicaDecision(
+            desired=desired,
+            reason=reason,
+            message=message + unknown_note,
+            limited_by=limited,
+            metrics_known=metrics_known,
+            idle=idle,
+            history=history,
+        )
+
+    if counts.current == 0:
+        return _decide_at_zero(spec, signals, history, now, zero_allowed, demand_outside, decision)
+
+    idle_for = now - last_active
+    if zero_allowed and idle and idle_for >= stz.idle_seconds:
+        message = f"idle for {idle_for:.0f}s (>= {stz.idle_seconds}s): scaling to zero"
+        return decision(0, Reason.SCALE_TO_ZERO, message, Reason.NOT_LIMITED)
+
+    proposal, notes, waiting = _proposal(spec, counts, signals)
+    raw = proposal
+    if missing or counts.starting > 0:
+        raw = max(raw, counts.current)
+    floor = 1 if zero_allowed else rules.minimum
+    limited = Reason.NOT_LIMITED
+    if raw > rules.maximum:
+        raw, limited = rules.maximum, Reason.AT_MAX
+    elif raw < floor:
+        raw, limited = floor, Reason.AT_MIN
+    history = replace(history, recommendations=(*history.recommendations, (now, raw)))
+
+    desired = _stabilize(history.recommendations, rules, counts.current, now)
+    if desired != raw:
+        limited = Reason.STABILIZATION_WINDOW
+    stepped = _step_limit(history.scale_events, rules, counts.current, desired, now)
+    if stepped != desired:
+        desired, limited = stepped, Reason.STEP_LIMIT
+
+    message = "; ".join(notes) if notes else "no signal proposes a change"
+    if desired > counts.current:
+        reason = Reason.SCALE_UP
+    elif desired < counts.current:
+        reason = Reason.SCALE_DOWN
+    elif missing:
+        reason = Reason.HOLDING_ON_UNKNOWN_METRICS
+        message += "; holding: never scale down on unknown metrics"
+    elif waiting and proposal > counts.current:
+        reason = Reason.WAITING_FOR_STARTING_REPLICAS
+    else:
+        reason = Reason.WITHIN_TOLERANCE
+    if counts.starting > 0:
+        message += f"; {counts.starting} replica(s) starting count as capacity"
+    return decision(desired, reason, f"{message} -> {desired}", limited)
+
+
+def _missing_signals(
+    spec: WorkloadSizingSpec, counts: ReplicaCounts, signals: Signals, zero_allowed: bool
+) -> list[str]:
+    """Signals the decision needs but does not have."""
+    rules = spec.replicas
+    missing = []
+    if counts.ready > 0:
+        if rules.target_gpu_utilization is not None and signals.gpu_utilization is None:
+            missing.append("gpuUtilization")
+        if rules.target_queue_per_replica is not None and signals.queue_total is None:
+            missing.append("queue")
+    if zero_allowed and signals.wake_demand is None:
+        missing.append("wakeQuery")
+    return missing
+
+
+def _is_idle(
+    spec: WorkloadSizingSpec, counts: ReplicaCounts, signals: Signals, demand_outside: bool
+) -> bool:
+    """Idle needs positive evidence: low utilisation seen, no queue, nothing starting."""
+    if demand_outside or counts.starting > 0:
+        return False
+    if counts.current == 0:
+        return True
+    if signals.gpu_utilization is None or counts.ready == 0:
+        return False
+    if signals.gpu_utilization >= spec.scale_to_zero.idle_utilization:
+        return False
+    return not (signals.queue_total is not None and signals.queue_total > 0)
+
+
+def _decide_at_zero(
+    spec: WorkloadSizingSpec,
+    signals: Signals,
+    history: History,
+    now: float,
+    zero_allowed: bool,
+    demand_outside: bool,
+    decision: _DecisionFactory,
+) -> ReplicaDecision:
+    rules = spec.replicas
+    if not zero_allowed:
+        return decision(
+            0,
+            Reason.STAYING_AT_ZERO,
+            "the target has 0 replicas and scale to zero is not enabled: left alone, as HPA does",
+            Reason.NOT_LIMITED,
+        )
+    if not demand_outside or signals.wake_demand is None:
+        shown = "unknown" if signals.wake_demand is None else f"{signals.wake_demand:g}"
+        return decision(
+            0,
+            Reason.STAYING_AT_ZERO,
+            f"wake query {shown} (threshold {spec.scale_to_zero.wake_threshold:g})",
+            Reason.NOT_LIMITED,
+        )
+    wanted = 1
+    if rules.target_queue_per_replica is not None:
+        wanted = max(1, math.ceil(signals.wake_demand / rules.target_queue_per_replica))
+    stepped = _step_limit(history.scale_events, rules, 0, wanted, now)
+    desired = min(wanted, rules.maximum, max(1, stepped))
+    limited = Reason.NOT_LIMITED
+    if desired < wanted:
+        limited = Reason.AT_MAX if desired == rules.maximum else Reason.STEP_LIMIT
+    message = (
+        f"wake query {signals.wake_demand:g} > {spec.scale_to_zero.wake_threshold:g}: "
+        f"waking to {desired}"
+    )
+    return decision(desired, Reason.WAKE, message, limited)
+
+
+def _proposal(
+    spec: WorkloadSizingSpec, counts: ReplicaCounts, signals: Signals
+) -> tuple[int, list[str], bool]:
+    """Replicas each known signal asks for (the largest wins), with a note per signal.
+
+    Returns (proposal, notes, waiting) where waiting says a queue-driven rise was held back
+    because replicas are still starting: the queue they will drain is not a reason to add more.
+    """
+    rules = spec.replicas
+    proposals: list[int] = []
+    notes: list[str] = []
+    waiting = False
+    util = signals.gpu_utilization
+    if rules.target_gpu_utilization is not None and util is not None and counts.ready > 0:
+        target = rules.target_gpu_utilization
+        ratio = util / target
+        if abs(ratio - 1) <= rules.tolerance:
+            wanted = counts.current
+        else:
+            wanted = math.ceil(counts.ready * ratio)
+        proposals.append(wanted)
+        notes.append(f"utilisation {util:.1f}% vs target {target:g}% on {counts.ready} ready")
+    queue = signals.queue_total
+    target_queue = rules.target_queue_per_replica
+    if target_queue is not None and queue is not None:
+        per_replica = queue / max(counts.ready, 1)
+        if counts.ready > 0 and abs(per_replica / target_queue - 1) <= rules.tolerance:
+            wanted = counts.current
+        else:
+            wanted = math.ceil(queue / target_queue)
+        if counts.starting > 0 and wanted > counts.current:
+            wanted, waiting = counts.current, True
+        proposals.append(wanted)
+        notes.append(f"queue {queue:g} vs {target_queue:g} per replica")
+    return (max(proposals) if proposals else counts.current), notes, waiting
+
+
+def _stabilize(
+    recommendations: Iterable[tuple[float, int]],
+    rules: ReplicasSpec,
+    current: int,
+    now: float,
+) -> int:
+    """HPA's rule: up to the lowest recommendation of the up window, down to the highest of
+    the down window, so a brief dip or spike does not move the workload."""
+    up_window = rules.scale_up.stabilization_window_seconds
+    down_window = rules.scale_down.stabilization_window_seconds
+    recent = list(recommendations)
+    up_values = [n for t, n in recent if t > now - up_window or t == now]
+    down_values = [n for t, n in recent if t > now - down_window or t == now]
+    desired = current
+    up_recommendation = min(up_values)
+    down_recommendation = max(down_values)
+    if desired < up_recommendation:
+        desired = up_recommendation
+    if desired > down_recommendation:
+        desired = down_recommendation
+    return desired
+
+
+def _step_limit(
+    events: Iterable[ScaleEventRecord],
+    rules: ReplicasSpec,
+    current: int,
+    desired: int,
+    now: float,
+) -> int:
+    """At most maxReplicasPerStep added (or removed) within each periodSeconds."""
+    up = rules.scale_up
+    down = rules.scale_down
+    recent = list(events)
+    if desired > current:
+        added = sum(
+            e.to_replicas - e.from_replicas
+            for e in recent
+            if e.to_replicas > e.from_replicas and e.time > now - up.period_seconds
+        )
+        return min(desired, max(current, current - added + up.max_replicas_per_step))
+    if desired < current:
+        removed = sum(
+            e.from_replicas - e.to_replicas
+            for e in recent
+            if e.to_replicas < e.from_replicas and e.time > now - down.period_seconds
+        )
+        return max(desired, min(current, current + removed - down.max_replicas_per_step))
+    return desired
+
+
+def _prune_recommendations(
+    recommendations: tuple[tuple[float, int], ...], rules: ReplicasSpec, now: float
+) -> tuple[tuple[float, int], ...]:
+    keep = max(
+        rules.scale_up.stabilization_window_seconds, rules.scale_down.stabilization_window_seconds
+    )
+    return tuple((t, n) for t, n in recommendations if t > now - keep)
+
+
+def _prune_events(
+    events: tuple[ScaleEventRecord, ...], rules: ReplicasSpec, now: float
+) -> tuple[ScaleEventRecord, ...]:
+    keep = max(rules.scale_up.period_seconds, rules.scale_down.period_seconds)
+    return tuple(e for e in events if e.time > now - keep)

@@ -1,0 +1,67 @@
+"""Condition types, reasons and event reasons: the one place they are spelled.
+
+Users alert on these strings and the docs explain them, so they never appear as literals
+anywhere else.
+"""
+
+from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    METRICS_AVAILABLE = "MetricsAvailable"
+    SCALED_TO_ZERO = "ScaledToZero"
+    SCALING_LIMITED = "ScalingLimited"
+    RIGHT_SIZED = "RightSized"
+
+
+class Reason(StrEnum):
+    # replica decisions
+    WITHIN_TOLERANCE = "WithinTolerance"
+    SCALE_UP = "ScaleUp"
+    SCALE_DOWN = "ScaleDown"
+    SCALE_TO_ZERO = "ScaleToZero"
+    WAKE = "Wake"
+    STAYING_AT_ZERO = "StayingAtZero"
+    HOLDING_ON_UNKNOWN_METRICS = "HoldingOnUnknownMetrics"
+    WAITING_FOR_STARTING_REPLICAS = "WaitingForStartingReplicas"
+    # limits
+    NOT_LIMITED = "NotLimited"
+    AT_MAX = "AtMaxReplicas"
+    AT_MIN = "AtMinReplicas"
+    STEP_LIMIT = "StepLimit"
+    STABILIZATION_WINDOW = "StabilizationWindow"
+    # metrics
+    METRICS_OK = "MetricsOK"
+    PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
+    QUERY_ERROR = "QueryError"
+    NO_SAMPLES = "NoSamples"
+    STALE_SAMPLES = "StaleSamples"
+    INVALID_VALUE = "InvalidValue"
+    PARTIAL_SAMPLES = "PartialSamples"
+    NO_READY_PODS = "NoReadyPods"
+    # target and control
+    ACTING = "Acting"
+    RECOMMEND_ONLY = "RecommendOnly"
+    MODE_OFF = "ModeOff"
+    PAUSED = "Paused"
+    TARGET_NOT_FOUND = "TargetNotFound"
+    TARGET_NOT_SCALABLE = "TargetNotScalable"
+    CONFLICTING_AUTOSCALER = "ConflictingAutoscaler"
+    INVALID_SPEC = "InvalidSpec"
+    SCALE_FAILED = "ScaleFailed"
+    IDLE = "Idle"
+    ACTIVE = "Active"
+
+
+class EventReason(StrEnum):
+    SCALED = "Scaled"
+    SCALED_TO_ZERO = "ScaledToZero"
+    WOKE = "Woke"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+    METRICS_RECOVERED = "MetricsRecovered"
+    TARGET_NOT_FOUND = "TargetNotFound"
+    CONFLICTING_AUTOSCALER = "ConflictingAutoscaler"
+    INVALID_SPEC = "InvalidSpec"
+    SCALE_FAILED = "ScaleFailed"
+    PAUSED = "Paused"
