@@ -1,0 +1,76 @@
+"""What the emulator sees of the cluster, and the narrow interface it reads and patches through."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COUNT_LABEL = "nvidia.com/gpu.count"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+
+WorkloadKey = tuple[str, str]
+"""(namespace, name) of the Deployment (or bare pod) a replica belongs to."""
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """A pod holding GPU resources, reduced to what the emulator needs."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str | None
+    workload: WorkloadKey
+    container: str
+    resource: str
+    count: int
+    running_since: float | None
+    """When it became Running (container start), None while Pending."""
+    ready: bool
+    restart_count: int
+    terminating: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """Deployment annotations over the pod's own: the Deployment wins."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    pods: Sequence[PodInfo]
+    nodes: Mapping[str, NodeInfo]
+
+
+class ClusterSource(Protocol):
+    """The cluster behind the emulator; tests replace it with an in-memory fake."""
+
+    def snapshot(self) -> ClusterSnapshot: ...
+
+    def mark_ready(self, pod: PodInfo) -> None:
+        """Set conditions Ready/ContainersReady and every container's ready to true."""
+        ...
+
+    def record_oom(self, pod: PodInfo, at: float) -> None:
+        """Report a CUDA out-of-memory crash: restartCount+1, lastState OOMKilled, exit 137."""
+        ...
+
+
+def gpu_limit(limits: Mapping[str, object]) -> tuple[str, int] | None:
+    """The GPU resource and count among a container's limits, if any."""
+    for name, value in limits.items():
+        if name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-"):
+            try:
+                count = int(str(value))
+            except ValueError:
+                continue
+            if count > 0:
+                return name, count
+    return None

@@ -1,0 +1,190 @@
+"""The load model: arrivals, one queue per workload, replicas serving at their slice's speed.
+
+Pure: no clock reads, no I/O. `tick(now, replicas)` advances it to `now` and says which pods to
+mark Ready and which crash with a CUDA out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpusizer.catalog import Slice
+
+from e2e.gpusim.cluster import PodInfo, WorkloadKey
+from e2e.gpusim.traces import ConstantRate, RateSource, TraceRate
+
+log = logging.getLogger(__name__)
+
+PREFIX = "gpusim.gpusizer.io/"
+CAPACITY_RPS = PREFIX + "capacity-rps"
+MEMORY_MIB = PREFIX + "memory-mib"
+STARTUP_SECONDS = PREFIX + "startup-seconds"
+MODEL_NAME = PREFIX + "model-name"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    capacity_rps: float = 10.0
+    """Requests/s one replica serves on a full H100-80GB (relative throughput 1.0)."""
+    startup_seconds: float = 5.0
+    memory_mib: int = 16384
+    """Default model memory: an 8B model in FP16 with a small KV cache."""
+    oom_backoff_seconds: float = 10.0
+    """First CrashLoopBackOff delay after an OOM; doubles per restart, capped at 300 s."""
+    max_batch: int = 16
+    """Concurrent sequences of a fully busy replica (vllm:num_requests_running)."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    pod: PodInfo
+    slice: Slice | None
+    """None when the node's GPU or the resource is not in the catalog: such a pod never serves."""
+
+
+@dataclass
+class ReplicaState:
+    """What one pod is doing, as of the last tick."""
+
+    capacity_rps: float = 0.0
+    memory_need_mib: int = 0
+    ready: bool = False
+    oom: bool = False
+    utilisation: float = 0.0
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_cache_usage: float = 0.0
+    success_total: float = 0.0
+    ooms: int = 0
+    next_oom_at: float | None = None
+
+
+@dataclass
+class WorkloadState:
+    rate: RateSource = field(default_factory=lambda: ConstantRate(0.0))
+    queue: float = 0.0
+    ready_replicas: int = 0
+    served_rps: float = 0.0
+
+    @property
+    def gateway_pending(self) -> float:
+        """Requests held by the gateway: all of the queue while no replica is ready."""
+        return self.queue if self.ready_replicas == 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TickResult:
+    mark_ready: list[PodInfo]
+    ooms: list[PodInfo]
+
+
+def annotation(annotations: Mapping[str, str], key: str, default: float) -> float:
+    """A positive number from an annotation; a bad value falls back to the default, loudly."""
+    raw = annotations.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        log.warning("annotation %s=%r is not a non-negative number; using %s", key, raw, default)
+        return default
+    return value
+
+
+class LoadModel:
+    def __init__(self, config: ModelConfig | None = None) -> None:
+        self.config = config or ModelConfig()
+        self.workloads: dict[WorkloadKey, WorkloadState] = {}
+        self.replicas: dict[str, ReplicaState] = {}
+        self._last: float | None = None
+
+    def workload(self, key: WorkloadKey) -> WorkloadState:
+        return self.workloads.setdefault(key, WorkloadState())
+
+    def set_rate(self, key: WorkloadKey, rate: RateSource) -> None:
+        self.workload(key).rate = rate
+
+    def capacity(self, replica: Replica) -> float:
+        if replica.slice is None:
+            return 0.0
+        base = annotation(replica.pod.annotations, CAPACITY_RPS, self.config.capacity_rps)
+        return base * replica.slice.relative_throughput * replica.pod.count
+
+    def memory_need(self, pod: PodInfo) -> int:
+        return int(annotation(pod.annotations, MEMORY_MIB, self.config.memory_mib))
+
+    def fits(self, replica: Replica) -> bool:
+        if replica.slice is None:
+            return False
+        return self.memory_need(replica.pod) <= replica.slice.memory_mib * replica.pod.count
+
+    def tick(self, now: float, replicas: Sequence[Replica]) -> TickResult:
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        start = now - dt
+        self._last = now
+        live = [r for r in replicas if not r.pod.terminating]
+        self.replicas = {r.pod.uid: self.replicas.get(r.pod.uid, ReplicaState()) for r in live}
+        result = TickResult(mark_ready=[], ooms=[])
+        by_workload: dict[WorkloadKey, list[Replica]] = {}
+        for replica in live:
+            by_workload.setdefault(replica.pod.workload, []).append(replica)
+            self._lifecycle(now, replica, result)
+        for key in by_workload:
+            self.workload(key)
+        for key, state in self.workloads.items():
+            self._serve(state, by_workload.get(key, []), start, now)
+        return result
+
+    def _lifecycle(self, now: float, replica: Replica, result: TickResult) -> None:
+        pod, state = replica.pod, self.replicas[replica.pod.uid]
+        state.capacity_rps = self.capacity(replica)
+        state.memory_need_mib = self.memory_need(pod)
+        state.oom = replica.slice is not None and not self.fits(replica)
+        if pod.running_since is None or replica.slice is None:
+            state.ready = False
+            return
+        startup = annotation(pod.annotations, STARTUP_SECONDS, self.config.startup_seconds)
+        if state.oom:
+            state.ready = False
+            if state.next_oom_at is None:
+                state.next_oom_at = pod.running_since + startup
+            if now >= state.next_oom_at:
+                state.ooms += 1
+                backoff = min(300.0, self.config.oom_backoff_seconds * 2 ** (state.ooms - 1))
+                state.next_oom_at = now + backoff + startup
+                result.ooms.append(pod)
+            return
+        state.ready = now >= pod.running_since + startup
+        if state.ready and not pod.ready:
+            result.mark_ready.append(pod)
+
+    def _serve(
+        self, workload: WorkloadState, replicas: list[Replica], start: float, now: float
+    ) -> None:
+        dt = now - start
+        ready = [r for r in replicas if self.replicas[r.pod.uid].ready]
+        capacity = sum(self.replicas[r.pod.uid].capacity_rps for r in ready)
+        available = workload.queue + workload.rate.arrivals(start, now)
+        served = min(available, capacity * dt)
+        workload.queue = available - served
+        workload.ready_replicas = len(ready)
+        workload.served_rps = served / dt if dt > 0 else 0.0
+        if isinstance(workload.rate, TraceRate) and workload.rate.finished(now):
+            workload.rate = ConstantRate(0.0)
+        for replica in replicas:
+            state = self.replicas[replica.pod.uid]
+            if not state.ready or capacity <= 0:
+                state.utilisation = state.waiting = state.running = state.kv_cache_usage = 0.0
+                continue
+            share = state.capacity_rps / capacity
+            state.success_total += served * share
+            state.utilisation = served / (capacity * dt) if dt > 0 else 0.0
+            state.waiting = workload.queue * share
+            state.running = state.utilisation * self.config.max_batch
+            # KV cache fills with running sequences and, once full, with queued ones.
+            backlog = state.waiting / self.config.max_batch
+            state.kv_cache_usage = min(1.0, 0.05 + 0.85 * state.utilisation + 0.1 * backlog)

@@ -1,0 +1,133 @@
+"""HTTP: `/metrics` for Prometheus, `/healthz`, and the JSON control API under `/v1/workloads`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from e2e.gpusim.exposition import ExporterOptions, ViewCollector, render
+from e2e.gpusim.sim import Simulator
+
+log = logging.getLogger(__name__)
+
+_WORKLOAD = re.compile(
+    r"^/v1/workloads/([a-z0-9][a-z0-9.-]*)/([a-z0-9][a-z0-9.-]*)(/load|/replay)?$"
+)
+
+
+class BadRequest(Exception):
+    """A client error; the message names the offending field."""
+
+
+def _number(body: dict[str, Any], field: str, default: float | None = None) -> float:
+    value = body.get(field, default)
+    if value is None:
+        raise BadRequest(f"{field}: required")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequest(f"{field}: must be a finite number")
+    return float(value)
+
+
+class GpusimServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], sim: Simulator, options: ExporterOptions) -> None:
+        super().__init__(address, _Handler)
+        self.sim = sim
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ViewCollector(sim.view, options))
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="gpusim-http", daemon=True)
+        thread.start()
+        return thread
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: GpusimServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, document: Any) -> None:
+        self._send(status, json.dumps(document).encode(), "application/json")
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": message})
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            document = json.loads(self.rfile.read(length) or b"null")
+        except json.JSONDecodeError as err:
+            raise BadRequest(f"body: not JSON: {err}") from err
+        if not isinstance(document, dict):
+            raise BadRequest("body: must be a JSON object")
+        return document
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            text = render(self.server.registry.collect())
+            self._send(200, text, "text/plain; version=0.0.4; charset=utf-8")
+        elif self.path in ("/healthz", "/health"):
+            self._send(200, b"ok\n", "text/plain")
+        else:
+            match = _WORKLOAD.match(self.path)
+            if match is None or match.group(3):
+                self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path}")
+                return
+            self._json(200, self.server.sim.describe((match.group(1), match.group(2))))
+
+    def do_PUT(self) -> None:
+        self._write("/load")
+
+    def do_POST(self) -> None:
+        self._write("/replay")
+
+    def _write(self, action: str) -> None:
+        match = _WORKLOAD.match(self.path)
+        if match is None or match.group(3) != action:
+            self._error(HTTPStatus.NOT_FOUND, f"no such path {self.command} {self.path}")
+            return
+        key = (match.group(1), match.group(2))
+        try:
+            body = self._body()
+            if action == "/load":
+                rps = _number(body, "requestsPerSecond")
+                if rps < 0:
+                    raise BadRequest("requestsPerSecond: must be >= 0")
+                self.server.sim.set_load(key, rps)
+                self._json(200, self.server.sim.describe(key))
+                return
+            trace = body.get("trace")
+            if not isinstance(trace, str) or not trace:
+                raise BadRequest("trace: required, a path to a trace file on the emulator's host")
+            speedup = _number(body, "speedup", 1.0)
+            scale = _number(body, "scale", 1.0)
+            if speedup <= 0:
+                raise BadRequest("speedup: must be > 0")
+            if scale < 0:
+                raise BadRequest("scale: must be >= 0")
+            try:
+                seconds = self.server.sim.replay(key, Path(trace), speedup, scale)
+            except (OSError, ValueError) as err:
+                raise BadRequest(f"trace: {err}") from err
+            self._json(200, {**self.server.sim.describe(key), "replaySeconds": seconds})
+        except BadRequest as err:
+            self._error(HTTPStatus.BAD_REQUEST, str(err))

@@ -1,0 +1,174 @@
+"""Ties the cluster source, devices, load model and exposition together, behind one lock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpusizer.catalog import Catalog
+
+from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, WorkloadKey
+from e2e.gpusim.devices import Allocator, Device, devices_of
+from e2e.gpusim.exposition import PodServerReading, View
+from e2e.gpusim.model import MODEL_NAME, LoadModel, ModelConfig, Replica
+from e2e.gpusim.telemetry import device_readings
+from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
+
+log = logging.getLogger(__name__)
+
+
+class Simulator:
+    def __init__(
+        self,
+        source: ClusterSource,
+        catalog: Catalog,
+        config: ModelConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source = source
+        self.catalog = catalog
+        self.clock = clock
+        self.model = LoadModel(config)
+        self._allocator = Allocator()
+        self._lock = threading.Lock()
+        self._energy: dict[tuple[str, int], float] = {}
+        self._last: float | None = None
+        self._pods: dict[str, PodInfo] = {}
+        self._assignment: dict[str, list[Device]] = {}
+        self._slices: dict[str, str | None] = {}
+        self._view = View(devices=[], energy_mj={}, servers=[], workloads={})
+
+    def view(self) -> View:
+        with self._lock:
+            return self._view
+
+    def step(self) -> None:
+        """Advance to the clock's now: read the cluster, serve load, patch pods, refresh series."""
+        snapshot = self.source.snapshot()
+        with self._lock:
+            now = self.clock()
+            devices = devices_of(snapshot.nodes, self.catalog)
+            pods = [p for p in snapshot.pods if not p.terminating]
+            self._assignment = self._allocator.update(pods, devices)
+            self._pods = {p.uid: p for p in pods}
+            replicas = []
+            self._slices = {}
+            for pod in pods:
+                node = snapshot.nodes.get(pod.node or "")
+                label = node.labels.get(PRODUCT_LABEL, "") if node else ""
+                found = self.catalog.slice_for(pod.resource, label) if node else None
+                self._slices[pod.uid] = found.name if found else None
+                replicas.append(Replica(pod=pod, slice=found))
+            result = self.model.tick(now, replicas)
+            readings = device_readings(devices, self._assignment, self._pods, self.model.replicas)
+            dt = 0.0 if self._last is None else max(0.0, now - self._last)
+            self._last = now
+            seen: set[tuple[str, int]] = set()
+            for reading in readings:
+                gpu = (reading.device.node, reading.device.gpu)
+                if gpu not in seen:
+                    seen.add(gpu)
+                    self._energy[gpu] = self._energy.get(gpu, 0.0) + reading.power_w * dt * 1000
+            self._view = View(
+                devices=readings,
+                energy_mj=dict(self._energy),
+                servers=self._servers(pods),
+                workloads=dict(self.model.workloads),
+            )
+        for pod in result.mark_ready:
+            self._patch(self.source.mark_ready, pod)
+        for pod in result.ooms:
+            log.info("pod %s/%s: CUDA out of memory, restarting", pod.namespace, pod.name)
+            self._patch(lambda p: self.source.record_oom(p, now), pod)
+
+    @staticmethod
+    def _patch(action: Callable[[PodInfo], None], pod: PodInfo) -> None:
+        try:
+            action(pod)
+        except Exception:  # the next tick retries; a vanished pod is not an emulator failure
+            log.exception("patching pod %s/%s failed", pod.namespace, pod.name)
+
+    def _servers(self, pods: list[PodInfo]) -> list[PodServerReading]:
+        servers = []
+        for pod in pods:
+            state = self.model.replicas.get(pod.uid)
+            if state is None or not state.ready:
+                continue
+            servers.append(
+                PodServerReading(
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    model_name=pod.annotations.get(MODEL_NAME, pod.workload[1]),
+                    waiting=state.waiting,
+                    running=state.running,
+                    kv_cache_usage=state.kv_cache_usage,
+                    success_total=state.success_total,
+                )
+            )
+        return servers
+
+    def set_load(self, key: WorkloadKey, rps: float) -> None:
+        with self._lock:
+            self.model.set_rate(key, ConstantRate(rps))
+
+    def replay(self, key: WorkloadKey, trace: Path, speedup: float, scale: float) -> float:
+        """Start a trace now; returns how long the replay lasts in wall seconds."""
+        parsed = load_trace(trace)
+        with self._lock:
+            self.model.set_rate(key, TraceRate(parsed, self.clock(), speedup, scale))
+        return parsed.duration / speedup
+
+    def describe(self, key: WorkloadKey) -> dict[str, Any]:
+        with self._lock:
+            now = self.clock()
+            state = self.model.workload(key)
+            pods = []
+            for uid, pod in sorted(self._pods.items(), key=lambda item: item[1].name):
+                replica = self.model.replicas.get(uid)
+                if pod.workload != key or replica is None:
+                    continue
+                pods.append(
+                    {
+                        "name": pod.name,
+                        "node": pod.node,
+                        "slice": self._slices.get(uid),
+                        "resource": pod.resource,
+                        "devices": [
+                            {"gpu": d.gpu, "uuid": d.uuid, "gpuInstanceId": d.instance_id}
+                            for d in self._assignment.get(uid, [])
+                        ],
+                        "ready": replica.ready,
+                        "oomKilled": replica.oom,
+                        "restarts": replica.ooms,
+                        "capacityRps": replica.capacity_rps,
+                        "utilization": replica.utilisation,
+                        "queue": replica.waiting,
+                        "running": replica.running,
+                        "memoryMiB": replica.memory_need_mib,
+                    }
+                )
+            rate = state.rate
+            return {
+                "namespace": key[0],
+                "name": key[1],
+                "requestsPerSecond": rate.rate(now),
+                "replay": isinstance(rate, TraceRate),
+                "queue": state.queue,
+                "servedPerSecond": state.served_rps,
+                "readyReplicas": state.ready_replicas,
+                "gatewayPending": state.gateway_pending,
+                "pods": pods,
+            }
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        """Tick until stopped; a failing tick is logged and retried, never fatal."""
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:
+                log.exception("simulator tick failed")
+            stop.wait(interval)

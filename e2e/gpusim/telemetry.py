@@ -1,0 +1,94 @@
+"""What each emulated device reads, from the load model's replica states (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from e2e.gpusim.cluster import PodInfo
+from e2e.gpusim.devices import Device
+from e2e.gpusim.model import ReplicaState
+
+IDLE_POWER_SHARE = 0.1
+"""An idle H100 draws about 70 of its 700 W."""
+SM_CLOCK_IDLE_MHZ = 345
+SM_CLOCK_BUSY_MHZ = 1980
+TEMP_IDLE_C = 32
+TEMP_RISE_C = 40
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    device: Device
+    pod: PodInfo | None
+    busy: float
+    """0-1, relative to the device itself (a MIG instance's own compute)."""
+    fb_used_mib: int
+    fb_free_mib: int
+    fb_reserved_mib: int
+    power_w: float
+    """The parent GPU's power, repeated on each of its instances."""
+    sm_clock_mhz: int
+    temp_c: int
+
+    @property
+    def tensor_active(self) -> float:
+        return 0.4 * self.busy
+
+    @property
+    def dram_active(self) -> float:
+        # Decode streams the weights for every token: DRAM is the busiest unit.
+        return 0.8 * self.busy
+
+
+def device_readings(
+    devices: Sequence[Device],
+    assignment: Mapping[str, Sequence[Device]],
+    pods: Mapping[str, PodInfo],
+    replicas: Mapping[str, ReplicaState],
+) -> list[DeviceReading]:
+    owner = {d.key: uid for uid, held in assignment.items() for d in held}
+    partial: list[tuple[Device, PodInfo | None, float, int]] = []
+    gpu_busy: dict[tuple[str, int], float] = {}
+    for device in devices:
+        uid = owner.get(device.key)
+        pod = pods.get(uid) if uid else None
+        state = replicas.get(uid) if uid else None
+        busy = state.utilisation if state and state.ready else 0.0
+        used = 0
+        if pod is not None and state is not None and pod.running_since is not None:
+            used = min(state.memory_need_mib // max(1, pod.count), _total(device))
+        partial.append((device, pod, busy, used))
+        compute = 1.0
+        mig = device.product.mig
+        if device.profile is not None and mig is not None:
+            compute = mig.profiles[device.profile].compute_slices / mig.compute_slices
+        gpu_key = (device.node, device.gpu)
+        gpu_busy[gpu_key] = gpu_busy.get(gpu_key, 0.0) + busy * compute
+    readings = []
+    for device, pod, busy, used in partial:
+        load = min(1.0, gpu_busy[(device.node, device.gpu)])
+        total = _total(device)
+        reserved = round(device.product.memory_mib * 0.005) if device.profile is None else 0
+        readings.append(
+            DeviceReading(
+                device=device,
+                pod=pod,
+                busy=busy,
+                fb_used_mib=used,
+                fb_free_mib=max(0, total - reserved - used),
+                fb_reserved_mib=reserved,
+                power_w=device.product.board_power_watts
+                * (IDLE_POWER_SHARE + (1 - IDLE_POWER_SHARE) * load),
+                sm_clock_mhz=SM_CLOCK_BUSY_MHZ if load > 0 else SM_CLOCK_IDLE_MHZ,
+                temp_c=round(TEMP_IDLE_C + TEMP_RISE_C * load),
+            )
+        )
+    return readings
+
+
+def _total(device: Device) -> int:
+    mig = device.product.mig
+    if device.profile is None or mig is None:
+        return device.product.memory_mib
+    return mig.profiles[device.profile].memory_mib
