@@ -41,6 +41,7 @@ class NodeInfo:
     name: str
     labels: Mapping[str, str]
     allocatable: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

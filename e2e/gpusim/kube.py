@@ -1,0 +1,309 @@
+"""The real cluster behind the emulator: list+watch caches, pod status and node patches."""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from e2e.gpusim.cluster import ClusterSnapshot, NodeInfo, PodInfo, gpu_limit
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+def _timestamp(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return float(calendar.timegm(time.strptime(value[:19], "%Y-%m-%dT%H:%M:%S")))
+
+
+class _Informer:
+    """List, then watch from the list's resourceVersion; re-list when it expires (410)."""
+
+    def __init__(self, name: str, list_fn: Callable[..., Any], api: client.ApiClient) -> None:
+        self.name = name
+        self._list = list_fn
+        self._api = api
+        self._items: dict[str, Obj] = {}
+        self._lock = threading.Lock()
+        self.synced = threading.Event()
+
+    def items(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            return self._items.get(key)
+
+    @staticmethod
+    def key(obj: Obj) -> str:
+        meta = obj.get("metadata", {})
+        return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                listed = self._api.sanitize_for_serialization(self._list())
+                with self._lock:
+                    self._items = {self.key(o): o for o in listed.get("items", [])}
+                self.synced.set()
+                self._watch(listed["metadata"]["resourceVersion"], stop)
+            except ApiException as err:
+                if err.status != 410:
+                    log.warning("%s: %s; re-listing", self.name, err.reason)
+                    stop.wait(1.0)
+            except Exception:
+                log.exception("%s: watch failed; re-listing", self.name)
+                stop.wait(1.0)
+
+    def _watch(self, version: str, stop: threading.Event) -> None:
+        while not stop.is_set():
+            stream = watch.Watch().stream(
+                self._list, resource_version=version, timeout_seconds=60, allow_watch_bookmarks=True
+            )
+            for event in stream:
+                obj = self._api.sanitize_for_serialization(event["object"])
+                kind = event["type"]
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        return  # expired: the caller re-lists
+                    raise RuntimeError(f"{self.name}: watch error {obj}")
+                version = obj["metadata"]["resourceVersion"]
+                if kind == "BOOKMARK":
+                    continue
+                with self._lock:
+                    if kind == "DELETED":
+                        self._items.pop(self.key(obj), None)
+                    else:
+                        self._items[self.key(obj)] = obj
+                if stop.is_set():
+                    return
+
+
+class KubeCluster:
+    """ClusterSource for the simulator and MigNodeClient for the MIG manager, on one cache."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        apps = client.AppsV1Api(self.api)
+        self._informers = {
+            "pods": _Informer("pods", self.core.list_pod_for_all_namespaces, self.api),
+            "nodes": _Informer("nodes", self.core.list_node, self.api),
+            "replicasets": _Informer(
+                "replicasets", apps.list_replica_set_for_all_namespaces, self.api
+            ),
+            "deployments": _Informer(
+                "deployments", apps.list_deployment_for_all_namespaces, self.api
+            ),
+        }
+        self._stop = threading.Event()
+        self._first_running: dict[str, float] = {}
+
+    def start(self, timeout: float = 30.0) -> None:
+        for informer in self._informers.values():
+            threading.Thread(
+                target=informer.run, args=(self._stop,), name=informer.name, daemon=True
+            ).start()
+        deadline = time.monotonic() + timeout
+        for informer in self._informers.values():
+            if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"listing {informer.name} took longer than {timeout} s")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ClusterSource
+
+    def snapshot(self) -> ClusterSnapshot:
+        pods = [p for p in (self._pod_info(o) for o in self._informers["pods"].items()) if p]
+        return ClusterSnapshot(pods=pods, nodes={n.name: n for n in self.nodes()})
+
+    def _pod_info(self, obj: Obj) -> PodInfo | None:
+        meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status", {})
+        for container in spec.get("containers", []):
+            found = gpu_limit((container.get("resources") or {}).get("limits") or {})
+            if found:
+                break
+        else:
+            return None
+        uid = meta["uid"]
+        phase = status.get("phase")
+        statuses = {s["name"]: s for s in status.get("containerStatuses") or []}
+        mine = statuses.get(container["name"], {})
+        running_since = _parse_time(
+            ((mine.get("state") or {}).get("running") or {}).get("startedAt")
+        )
+        if phase == "Running" and running_since is None:
+            running_since = self._first_running.setdefault(uid, time.time())
+        if phase != "Running":
+            running_since = None
+        conditions = {c["type"]: c.get("status") for c in status.get("conditions") or []}
+        workload, owner_annotations = self._workload(obj)
+        return PodInfo(
+            uid=uid,
+            namespace=meta["namespace"],
+            name=meta["name"],
+            node=spec.get("nodeName"),
+            workload=workload,
+            container=container["name"],
+            resource=found[0],
+            count=found[1],
+            running_since=running_since,
+            ready=conditions.get("Ready") == "True",
+            restart_count=int(mine.get("restartCount") or 0),
+            terminating=bool(meta.get("deletionTimestamp")) or phase in ("Succeeded", "Failed"),
+            annotations={**(meta.get("annotations") or {}), **owner_annotations},
+        )
+
+    def _workload(self, pod: Obj) -> tuple[tuple[str, str], Mapping[str, str]]:
+        """Pod -> ReplicaSet -> Deployment; a pod without one is its own workload."""
+        meta = pod["metadata"]
+        namespace = meta["namespace"]
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+        if owner is None:
+            return (namespace, meta["name"]), {}
+        if owner["kind"] != "ReplicaSet":
+            return (namespace, owner["name"]), {}
+        replicaset = self._informers["replicasets"].get(f"{namespace}/{owner['name']}")
+        rs_owners = (replicaset or {}).get("metadata", {}).get("ownerReferences") or []
+        deployment = next((o for o in rs_owners if o.get("kind") == "Deployment"), None)
+        if deployment is None:
+            template_hash = (meta.get("labels") or {}).get("pod-template-hash", "")
+            if replicaset is None and template_hash:
+                # The ReplicaSet is not cached yet: the Deployment controller's naming rule.
+                return (namespace, owner["name"].removesuffix(f"-{template_hash}")), {}
+            return (namespace, owner["name"]), {}
+        found = self._informers["deployments"].get(f"{namespace}/{deployment['name']}")
+        annotations = (found or {}).get("metadata", {}).get("annotations") or {}
+        return (namespace, deployment["name"]), annotations
+
+    def mark_ready(self, pod: PodInfo) -> None:
+        current = self._informers["pods"].get(f"{pod.namespace}/{pod.name}")
+        if current is None:
+            return
+        now = _timestamp(time.time())
+        statuses = [
+            {**s, "ready": True, "started": True}
+            for s in current.get("status", {}).get("containerStatuses") or []
+        ]
+        body = {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                    {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                ],
+                "containerStatuses": statuses,
+            }
+        }
+        self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
+
+    def record_oom(self, pod: PodInfo, at: float) -> None:
+        current = self._informers["pods"].get(f"{pod.namespace}/{pod.name}")
+        if current is None:
+            return
+        now = _timestamp(at)
+        statuses = []
+        for s in current.get("status", {}).get("containerStatuses") or []:
+            if s["name"] == pod.container:
+                started = ((s.get("state") or {}).get("running") or {}).get("startedAt", now)
+                s = {
+                    **s,
+                    "ready": False,
+                    "restartCount": int(s.get("restartCount") or 0) + 1,
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "OOMKilled",
+                            "message": "CUDA out of memory (emulated by gpusim)",
+                            "startedAt": started,
+                            "finishedAt": now,
+                        }
+                    },
+                    "state": {"running": {"startedAt": now}},
+                }
+            statuses.append(s)
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "False",
+                        "reason": "ContainersNotReady",
+                        "lastTransitionTime": now,
+                    },
+                    {
+                        "type": "ContainersReady",
+                        "status": "False",
+                        "reason": "ContainersNotReady",
+                        "lastTransitionTime": now,
+                    },
+                ],
+                "containerStatuses": statuses,
+            }
+        }
+        self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
+
+    # MigNodeClient
+
+    def nodes(self) -> Sequence[NodeInfo]:
+        result = []
+        for obj in self._informers["nodes"].items():
+            meta = obj["metadata"]
+            result.append(
+                NodeInfo(
+                    name=meta["name"],
+                    labels=meta.get("labels") or {},
+                    allocatable=(obj.get("status") or {}).get("allocatable") or {},
+                    annotations=meta.get("annotations") or {},
+                )
+            )
+        return result
+
+    def gpu_pods(self, node: str) -> list[str]:
+        return [
+            f"{p.namespace}/{p.name}"
+            for p in self.snapshot().pods
+            if p.node == node and not p.terminating
+        ]
+
+    def patch_metadata(
+        self, node: str, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]
+    ) -> None:
+        body = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+        self.core.patch_node(node, body)
+
+    def patch_resources(self, node: str, resources: Mapping[str, int | None]) -> None:
+        values = {k: (None if v is None else str(v)) for k, v in resources.items()}
+        body = {"status": {"capacity": values, "allocatable": values}}
+        self.core.patch_node_status(node, body)
+
+    def warn(self, node: str, reason: str, message: str) -> None:
+        found = self._informers["nodes"].get(f"/{node}")
+        uid = (found or {}).get("metadata", {}).get("uid", "")
+        now = _timestamp(time.time())
+        body = {
+            "metadata": {"generateName": f"{node}.", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": node, "uid": uid, "apiVersion": "v1"},
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "nvidia-mig-manager"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.core.create_namespaced_event("default", body)
