@@ -48,6 +48,7 @@ class Reason(StrEnum):
     TARGET_NOT_FOUND = "TargetNotFound"
     TARGET_NOT_SCALABLE = "TargetNotScalable"
     CONFLICTING_AUTOSCALER = "ConflictingAutoscaler"
+    AUTOSCALER_CHECK_FAILED = "AutoscalerCheckFailed"
     INVALID_SPEC = "InvalidSpec"
     SCALE_FAILED = "ScaleFailed"
     IDLE = "Idle"

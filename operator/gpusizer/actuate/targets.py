@@ -1,0 +1,126 @@
+"""Reading and scaling targets through their /scale subresource, so any scalable kind works.
+
+The kubernetes client is blocking; every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import (
+    ConflictError,
+    NotFoundError,
+    ResourceNotFoundError,
+)
+
+from gpusizer.api.v1alpha1 import TargetRef
+
+
+class TargetProblem(Exception):
+    """The target cannot be read or scaled; the message says why, for the user."""
+
+
+class TargetNotFound(TargetProblem):
+    pass
+
+
+class TargetNotScalable(TargetProblem):
+    pass
+
+
+class ScaleConflict(TargetProblem):
+    """Someone else changed the target between our read and our write."""
+
+
+@dataclass(frozen=True)
+class TargetView:
+    replicas: int
+    selector: str
+    resource_version: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    generation: int | None = None
+
+
+class Targets:
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self._api_client = api_client
+        self._dynamic: DynamicClient | None = None
+
+    def _resource(self, ref: TargetRef) -> Any:
+        if self._dynamic is None:
+            self._dynamic = DynamicClient(self._api_client)
+        try:
+            resource = self._dynamic.resources.get(api_version=ref.api_version, kind=ref.kind)
+        except ResourceNotFoundError as exc:
+            raise TargetNotScalable(
+                f"spec.targetRef: the API server has no kind {ref.kind} in {ref.api_version}"
+            ) from exc
+        scale = resource.subresources.get("scale")
+        if scale is None:
+            raise TargetNotScalable(
+                f"spec.targetRef: {ref.kind} {ref.api_version} has no /scale subresource"
+            )
+        return resource, scale
+
+    def _read(self, namespace: str, ref: TargetRef) -> TargetView:
+        resource, scale_resource = self._resource(ref)
+        try:
+            obj = resource.get(name=ref.name, namespace=namespace).to_dict()
+            scale = scale_resource.get(name=ref.name, namespace=namespace).to_dict()
+        except NotFoundError as exc:
+            raise TargetNotFound(
+                f"spec.targetRef: {ref.kind} {namespace}/{ref.name} does not exist"
+            ) from exc
+        meta = obj.get("metadata") or {}
+        return TargetView(
+            replicas=int((scale.get("spec") or {}).get("replicas") or 0),
+            selector=str((scale.get("status") or {}).get("selector") or ""),
+            resource_version=str((scale.get("metadata") or {}).get("resourceVersion") or ""),
+            annotations=dict(meta.get("annotations") or {}),
+            generation=meta.get("generation"),
+        )
+
+    async def read(self, namespace: str, ref: TargetRef) -> TargetView:
+        return await asyncio.to_thread(self._read, namespace, ref)
+
+    def _write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
+        _, scale_resource = self._resource(ref)
+        try:
+            scale = scale_resource.get(name=ref.name, namespace=namespace).to_dict()
+        except NotFoundError as exc:
+            raise TargetNotFound(f"{ref.kind} {namespace}/{ref.name} disappeared") from exc
+        now = int((scale.get("spec") or {}).get("replicas") or 0)
+        if now != expected:
+            raise ScaleConflict(
+                f"{ref.kind} {namespace}/{ref.name} changed to {now} replicas since it was read "
+                f"({expected}); deciding again next cycle"
+            )
+        body = {
+            "apiVersion": scale.get("apiVersion"),
+            "kind": scale.get("kind"),
+            "metadata": {
+                "name": ref.name,
+                "namespace": namespace,
+                "resourceVersion": (scale.get("metadata") or {}).get("resourceVersion"),
+            },
+            "spec": {"replicas": replicas},
+        }
+        try:
+            scale_resource.replace(body=body, name=ref.name, namespace=namespace)
+        except ConflictError as exc:
+            raise ScaleConflict(
+                f"{ref.kind} {namespace}/{ref.name} changed while being scaled (409); "
+                "deciding again next cycle"
+            ) from exc
+        except ApiException as exc:
+            raise TargetProblem(f"scaling {ref.kind} {namespace}/{ref.name}: {exc.reason}") from exc
+
+    async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
+        """Set replicas, re-reading first: a change made since our read wins over our decision."""
+        await asyncio.to_thread(self._write, namespace, ref, expected, replicas)

@@ -1,0 +1,182 @@
+"""`gpusizer run | simulate | crds`: every setting is a flag with a GPUSIZER_* variable."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+ENV_PREFIX = "GPUSIZER_"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="start the operator",
+        description=(
+            "Start the operator. Kubernetes access is found the usual way (in-cluster service "
+            "account, else KUBECONFIG or ~/.kube/config). Every flag can also be set with the "
+            "GPUSIZER_* variable named in its help."
+        ),
+    )
+    p.add_argument(
+        "--prometheus-url",
+        default=_env("PROMETHEUS_URL"),
+        help="Prometheus base URL, e.g. http://prometheus:9090 [GPUSIZER_PROMETHEUS_URL]",
+    )
+    p.add_argument(
+        "--prometheus-timeout",
+        type=float,
+        default=float(_env("PROMETHEUS_TIMEOUT", "10") or 10),
+        help="seconds before a Prometheus query counts as failed [GPUSIZER_PROMETHEUS_TIMEOUT]",
+    )
+    p.add_argument(
+        "--prometheus-bearer-token-file",
+        default=_env("PROMETHEUS_BEARER_TOKEN_FILE"),
+        help="file holding a bearer token for Prometheus [GPUSIZER_PROMETHEUS_BEARER_TOKEN_FILE]",
+    )
+    p.add_argument(
+        "--prometheus-ca-file",
+        default=_env("PROMETHEUS_CA_FILE"),
+        help="CA bundle to verify Prometheus' TLS certificate [GPUSIZER_PROMETHEUS_CA_FILE]",
+    )
+    p.add_argument(
+        "--sync-period",
+        type=float,
+        default=float(_env("SYNC_PERIOD", "15") or 15),
+        help="seconds between decisions for each workload [GPUSIZER_SYNC_PERIOD]",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "8080") or 8080),
+        help="port of the operator's own /metrics [GPUSIZER_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--health-address",
+        default=_env("HEALTH_ADDRESS", "0.0.0.0:8081"),
+        help="host:port of the liveness probe /healthz [GPUSIZER_HEALTH_ADDRESS]",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[n for n in (_env("NAMESPACES") or "").split(",") if n],
+        help="watch only this namespace; repeatable; default: all [GPUSIZER_NAMESPACES, "
+        "comma-separated]",
+    )
+    p.add_argument(
+        "--peering",
+        default=_env("PEERING"),
+        help="kopf peering name: replicas sharing it elect one active operator; unset runs "
+        "standalone [GPUSIZER_PEERING]",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["json", "plain"],
+        default=_env("LOG_FORMAT", "json"),
+        help="log line format [GPUSIZER_LOG_FORMAT]",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=_env("LOG_LEVEL", "info"),
+        help="[GPUSIZER_LOG_LEVEL]",
+    )
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from gpusizer import handlers
+    from gpusizer.signals.source import PrometheusSettings
+
+    if not args.prometheus_url:
+        print(
+            "gpusizer run: --prometheus-url (or GPUSIZER_PROMETHEUS_URL) is required",
+            file=sys.stderr,
+        )
+        return 2
+    settings = handlers.OperatorSettings(
+        prometheus=PrometheusSettings(
+            url=args.prometheus_url.rstrip("/"),
+            timeout_seconds=args.prometheus_timeout,
+            bearer_token_file=args.prometheus_bearer_token_file,
+            ca_file=args.prometheus_ca_file,
+        ),
+        sync_period_seconds=args.sync_period,
+        metrics_port=args.metrics_port,
+        peering=args.peering,
+    )
+    kopf.configure(
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
+        verbose=args.log_level == "debug",
+        quiet=args.log_level in ("warning", "error"),
+    )
+    handlers.register(settings)
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or (),
+            standalone=settings.peering is None,
+            peering_name=settings.peering,
+            liveness_endpoint=f"http://{args.health_address}/healthz",
+            memo=kopf.Memo(config=settings),
+        )
+    )
+    return 0
+
+
+def _add_crds(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("crds", help="print the CustomResourceDefinition YAML")
+    p.set_defaults(func=_crds)
+
+
+def _crds(args: argparse.Namespace) -> int:
+    from gpusizer.api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gpusizer.sim import command
+
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay a load trace through gpusizer and the baselines",
+        description="Replay a trace through the operator's own policy, HPA, KEDA, static and "
+        "the offline optimum, and compare GPU-hours, cost and SLO attainment.",
+    )
+    command.add_arguments(p)
+    p.set_defaults(func=command.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpusizer",
+        description="Autoscale and right-size GPU inference workloads from measured telemetry.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_run(subparsers)
+    _add_simulate(subparsers)
+    _add_crds(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = getattr(args, "log_level", "info").upper()
+    logging.basicConfig(level=level)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""observe -> decide -> actuate -> report, for one WorkloadSizing.
+
+Kopf-free: the handler passes the object's parts in and posts the events and status patch this
+returns, so the flow is testable and the handlers stay thin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from gpusizer.actuate.targets import (
+    ScaleConflict,
+    TargetNotFound,
+    TargetProblem,
+    Targets,
+    TargetView,
+)
+from gpusizer.api.v1alpha1 import Mode, Server, WorkloadSizingSpec
+from gpusizer.policy.replicas import ReplicaCounts, ReplicaDecision, decide_replicas
+from gpusizer.report import metrics
+from gpusizer.report.status import (
+    ConditionState,
+    flipped,
+    history_from_status,
+    history_to_status,
+    iso,
+    merge_conditions,
+    status_patch,
+)
+from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.join import WorkloadSignals, workload_signals
+from gpusizer.signals.pods import PodInfo, matches_selector
+from gpusizer.signals.source import PrometheusSource, Snapshot
+from gpusizer.vocabulary import ConditionType, EventReason, Reason
+
+log = logging.getLogger(__name__)
+
+PAUSE_ANNOTATION = "gpusizer.io/paused"
+
+
+@dataclass(frozen=True)
+class EventIntent:
+    type: Literal["Normal", "Warning"]
+    reason: EventReason
+    message: str
+
+
+@dataclass
+class Outcome:
+    status_patch: dict[str, Any]
+    events: list[EventIntent] = field(default_factory=list)
+
+
+@dataclass
+class Cycle:
+    """What one sync period's shared reads returned, for every workload."""
+
+    snapshot: Snapshot
+    autoscalers: Mapping[TargetKey, str]
+    error: str | None = None
+
+
+class CycleCache:
+    """Single-flight shared reads: the first workload of a period fetches, the rest reuse it,
+    so Prometheus queries and API list calls per period do not grow with the workload count."""
+
+    def __init__(
+        self,
+        prometheus: PrometheusSource,
+        list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
+        period_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._prometheus = prometheus
+        self._list_autoscalers = list_autoscalers
+        self._period = period_seconds
+        self._clock = clock
+        self._latest: tuple[float, Cycle] | None = None
+        self._inflight: asyncio.Task[Cycle] | None = None
+
+    async def _fetch(self) -> Cycle:
+        started = time.monotonic()
+        snapshot = await self._prometheus.snapshot(Server)
+        metrics.CYCLE_SECONDS.observe(time.monotonic() - started)
+        try:
+            owners = await self._list_autoscalers()
+            error = None
+        except Exception as exc:  # the API server is down or refusing: say so, act on nothing
+            log.warning("listing HPAs and ScaledObjects failed: %s", exc)
+            owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
+        return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
+
+    async def get(self) -> Cycle:
+        now = self._clock()
+        if self._latest is not None and now - self._latest[0] < self._period * 0.9:
+            return self._latest[1]
+        if self._inflight is None:
+            self._inflight = asyncio.create_task(self._fetch())
+        task = self._inflight
+        try:
+            cycle = await asyncio.shield(task)
+        finally:
+            if self._inflight is task and task.done():
+                self._inflight = None
+        self._latest = (self._clock(), cycle)
+        return cycle
+
+
+@dataclass
+class Dependencies:
+    prometheus: PrometheusSource
+    targets: Targets
+    cycles: CycleCache
+
+
+def _spec_error(error: ValidationError) -> str:
+    parts = []
+    for err in error.errors()[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"spec.{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+async def reconcile(
+    namespace: str,
+    name: str,
+    spec_raw: Mapping[str, Any],
+    status_raw: Mapping[str, Any] | None,
+    annotations: Mapping[str, str],
+    generation: int | None,
+    pods: Iterable[PodInfo],
+    deps: Dependencies,
+    now: float | None = None,
+) -> Outcome:
+    now = time.time() if now is None else now
+    old_conditions = (status_raw or {}).get("conditions")
+    events: list[EventIntent] = []
+
+    def finish(status: dict[str, Any], conditions: list[ConditionState]) -> Outcome:
+        for state in conditions:
+            if state.status is False and flipped(old_conditions, state.type, False, state.reason):
+                event = _warning_for(state)
+                if event is not None:
+                    events.append(event)
+        metrics_now = next(
+            (s for s in conditions if s.type == ConditionType.METRICS_AVAILABLE), None
+        )
+        if (
+            metrics_now is not None
+            and metrics_now.status
+            and _was_false(old_conditions, ConditionType.METRICS_AVAILABLE)
+        ):
+            events.append(
+                EventIntent("Normal", EventReason.METRICS_RECOVERED, "all signals are known again")
+            )
+        status = {
+            **status,
+            "observedGeneration": generation,
+            "conditions": merge_conditions(old_conditions, conditions, now, generation),
+        }
+        return Outcome(status_patch=status_patch(status_raw, status), events=events)
+
+    try:
+        spec = WorkloadSizingSpec.model_validate(spec_raw)
+    except ValidationError as exc:
+        message = _spec_error(exc)
+        return finish(
+            {}, [ConditionState(ConditionType.READY, False, Reason.INVALID_SPEC, message)]
+        )
+
+    if spec.mode == Mode.OFF:
+        return finish(
+            {}, [ConditionState(ConditionType.READY, True, Reason.MODE_OFF, "mode is Off")]
+        )
+
+    try:
+        target = await deps.targets.read(namespace, spec.target_ref)
+    except TargetNotFound as exc:
+        return finish(
+            {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_FOUND, str(exc))]
+        )
+    except TargetProblem as exc:
+        return finish(
+            {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_SCALABLE, str(exc))]
+        )
+
+    cycle = await deps.cycles.get()
+    if cycle.error is not None:
+        return finish(
+            {"currentReplicas": target.replicas},
+            [
+                ConditionState(
+                    ConditionType.READY, False, Reason.AUTOSCALER_CHECK_FAILED, cycle.error
+                )
+            ],
+        )
+    owner = cycle.autoscalers.get((namespace, spec.target_ref.kind, spec.target_ref.name))
+    if owner is not None:
+        message = (
+            f"{owner} already scales {spec.target_ref.kind} {spec.target_ref.name}; standing back"
+        )
+        return finish(
+            {"currentReplicas": target.replicas},
+            [ConditionState(ConditionType.READY, False, Reason.CONFLICTING_AUTOSCALER, message)],
+        )
+
+    owned = [
+        p for p in pods if p.namespace == namespace and matches_selector(p.labels, target.selector)
+    ]
+    signals = await _workload_signals(spec, owned, cycle.snapshot, deps.prometheus, now)
+    counts = ReplicaCounts(
+        current=target.replicas,
+        ready=sum(1 for p in owned if p.ready and not p.terminating),
+        starting=sum(1 for p in owned if p.starting),
+    )
+    history = history_from_status(status_raw)
+    decision = decide_replicas(spec, counts, signals.signals, history, now)
+    metrics.DECISIONS.labels(namespace, name, decision.reason.value).inc()
+    metrics.DESIRED_REPLICAS.labels(namespace, name).set(decision.desired)
+    metrics.CURRENT_REPLICAS.labels(namespace, name).set(target.replicas)
+    metrics.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_known else 0)
+
+    paused_by = _paused_by(annotations, target)
+    history = decision.history
+    current = target.replicas
+    last_scale_time = (status_raw or {}).get("lastScaleTime")
+    ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, decision.message)
+    if spec.mode == Mode.RECOMMEND:
+        ready_state = ConditionState(
+            ConditionType.READY,
+            True,
+            Reason.RECOMMEND_ONLY,
+            f"would set {decision.desired}: {decision.message}",
+        )
+    elif paused_by is not None:
+        ready_state = ConditionState(
+            ConditionType.READY,
+            True,
+            Reason.PAUSED,
+            f"paused by the {PAUSE_ANNOTATION} annotation on {paused_by}",
+        )
+        if flipped(old_conditions, ConditionType.READY, True, Reason.PAUSED):
+            events.append(EventIntent("Normal", EventReason.PAUSED, ready_state.message))
+    elif decision.desired != target.replicas:
+        try:
+            await deps.targets.write(namespace, spec.target_ref, target.replicas, decision.desired)
+        except ScaleConflict as exc:
+            metrics.SCALE_WRITES.labels(namespace, name, "conflict").inc()
+            log.info("%s/%s: %s", namespace, name, exc)
+            ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, str(exc))
+        except TargetProblem as exc:
+            metrics.SCALE_WRITES.labels(namespace, name, "error").inc()
+            ready_state = ConditionState(ConditionType.READY, False, Reason.SCALE_FAILED, str(exc))
+        else:
+            metrics.SCALE_WRITES.labels(namespace, name, "ok").inc()
+            history = history.with_scale_event(now, target.replicas, decision.desired)
+            current = decision.desired
+            last_scale_time = iso(now)
+            events.append(_scale_event(target.replicas, decision))
+
+    status: dict[str, Any] = {
+        "currentReplicas": current,
+        "desiredReplicas": decision.desired,
+        "observation": _observation(signals, now),
+        "lastScaleTime": last_scale_time,
+        **history_to_status(history),
+    }
+    conditions = [
+        ready_state,
+        _metrics_condition(signals, decision),
+        ConditionState(
+            ConditionType.SCALED_TO_ZERO,
+            current == 0,
+            Reason.SCALE_TO_ZERO
+            if current == 0
+            else (Reason.IDLE if decision.idle else Reason.ACTIVE),
+            "scaled to zero; the wake query brings it back" if current == 0 else "",
+        ),
+        ConditionState(
+            ConditionType.SCALING_LIMITED,
+            decision.limited_by != Reason.NOT_LIMITED,
+            decision.limited_by,
+            decision.message if decision.limited_by != Reason.NOT_LIMITED else "",
+        ),
+    ]
+    return finish(status, conditions)
+
+
+def _was_false(conditions: Any, type_: ConditionType) -> bool:
+    return any(
+        isinstance(c, Mapping) and c.get("type") == type_.value and c.get("status") == "False"
+        for c in conditions or []
+    )
+
+
+async def _workload_signals(
+    spec: WorkloadSizingSpec,
+    pods: list[PodInfo],
+    snapshot: Snapshot,
+    prometheus: PrometheusSource,
+    now: float,
+) -> WorkloadSignals:
+    custom = (
+        await prometheus.custom_per_pod(spec.metrics.queue_query)
+        if spec.metrics.queue_query
+        else None
+    )
+    wake = None
+    if spec.scale_to_zero.enabled and spec.scale_to_zero.wake_query:
+        wake = await prometheus.scalar(spec.scale_to_zero.wake_query)
+    return workload_signals(spec, pods, snapshot, now, custom_queue=custom, wake=wake)
+
+
+def _paused_by(annotations: Mapping[str, str], target: TargetView) -> str | None:
+    if str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true":
+        return "the WorkloadSizing"
+    if str(target.annotations.get(PAUSE_ANNOTATION, "")).lower() == "true":
+        return "the target"
+    return None
+
+
+def _observation(signals: WorkloadSignals, now: float) -> dict[str, Any]:
+    def rounded(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return {
+        "gpuUtilization": rounded(signals.signals.gpu_utilization),
+        "queuePerReplica": rounded(signals.queue_per_replica, 2),
+        "memoryPeakMiB": rounded(signals.memory_peak_mib, 0),
+        "sampleAgeSeconds": rounded(signals.sample_age_seconds, 0),
+        "time": iso(now),
+    }
+
+
+def _metrics_condition(signals: WorkloadSignals, decision: ReplicaDecision) -> ConditionState:
+    if signals.problems and not decision.metrics_known:
+        first = signals.problems[0]
+        message = "; ".join(str(p) for p in signals.problems)
+        return ConditionState(
+            ConditionType.METRICS_AVAILABLE,
+            False,
+            first.reason,
+            f"{message}. Holding replicas: no scale-down or scale to zero on unknown metrics",
+        )
+    return ConditionState(ConditionType.METRICS_AVAILABLE, True, Reason.METRICS_OK, "")
+
+
+def _scale_event(before: int, decision: ReplicaDecision) -> EventIntent:
+    if decision.desired == 0:
+        return EventIntent("Normal", EventReason.SCALED_TO_ZERO, decision.message)
+    if before == 0:
+        return EventIntent("Normal", EventReason.WOKE, decision.message)
+    return EventIntent(
+        "Normal",
+        EventReason.SCALED,
+        f"scaled from {before} to {decision.desired}: {decision.message}",
+    )
+
+
+_WARNINGS: dict[Reason, EventReason] = {
+    Reason.TARGET_NOT_FOUND: EventReason.TARGET_NOT_FOUND,
+    Reason.TARGET_NOT_SCALABLE: EventReason.TARGET_NOT_FOUND,
+    Reason.CONFLICTING_AUTOSCALER: EventReason.CONFLICTING_AUTOSCALER,
+    Reason.INVALID_SPEC: EventReason.INVALID_SPEC,
+    Reason.SCALE_FAILED: EventReason.SCALE_FAILED,
+}
+
+
+def _warning_for(state: ConditionState) -> EventIntent | None:
+    if state.type == ConditionType.METRICS_AVAILABLE:
+        return EventIntent("Warning", EventReason.METRICS_UNAVAILABLE, state.message)
+    reason = _WARNINGS.get(state.reason)
+    return None if reason is None else EventIntent("Warning", reason, state.message)

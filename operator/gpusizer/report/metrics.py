@@ -1,0 +1,57 @@
+"""The operator's own Prometheus metrics, served on the metrics port."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DECISIONS = Counter(
+    "gpusizer_decisions_total",
+    "Replica decisions made, by outcome reason.",
+    ["namespace", "name", "reason"],
+)
+DESIRED_REPLICAS = Gauge(
+    "gpusizer_desired_replicas", "Replicas the operator wants.", ["namespace", "name"]
+)
+CURRENT_REPLICAS = Gauge(
+    "gpusizer_current_replicas", "Replicas the target has.", ["namespace", "name"]
+)
+METRICS_AVAILABLE = Gauge(
+    "gpusizer_metrics_available",
+    "1 when every signal the workload needs is known, else 0.",
+    ["namespace", "name"],
+)
+SCALE_WRITES = Counter(
+    "gpusizer_scale_writes_total",
+    "Writes to a target's /scale subresource, by result.",
+    ["namespace", "name", "result"],
+)
+QUERY_SECONDS = Histogram(
+    "gpusizer_prometheus_query_duration_seconds",
+    "Latency of Prometheus queries, by signal.",
+    ["signal"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+QUERY_ERRORS = Counter(
+    "gpusizer_prometheus_query_errors_total",
+    "Failed Prometheus queries, by signal and reason.",
+    ["signal", "reason"],
+)
+RECONCILE_ERRORS = Counter(
+    "gpusizer_reconcile_errors_total",
+    "Reconcile cycles that ended in an unexpected error.",
+    ["namespace", "name"],
+)
+CYCLE_SECONDS = Histogram(
+    "gpusizer_snapshot_duration_seconds",
+    "Time to fetch one cycle's batched signals for all workloads.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop a deleted workload's series so dashboards do not show ghosts."""
+    for gauge in (DESIRED_REPLICAS, CURRENT_REPLICAS, METRICS_AVAILABLE):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)

@@ -1,0 +1,158 @@
+"""Joins the cycle's per-pod samples to one workload through the pods its target owns.
+
+Pure. A signal is known only when every ready pod has a fresh, finite sample: a partial view
+of a fleet is not a smaller fleet, so it is reported as unknown with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
+from gpusizer.policy.replicas import Signals
+from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
+from gpusizer.signals.pods import PodInfo
+from gpusizer.signals.source import GPU_UTIL, MEMORY, MIG_UTIL, QUEUE_SERIES, Snapshot, queue_signal
+from gpusizer.vocabulary import Reason
+
+
+@dataclass(frozen=True)
+class SignalProblem:
+    signal: str  # the user-facing name: gpuUtilization, queue, wakeQuery
+    reason: Reason
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.signal}: {self.reason.value}: {self.message}"
+
+
+@dataclass(frozen=True)
+class WorkloadSignals:
+    signals: Signals
+    queue_per_replica: float | None
+    memory_peak_mib: float | None
+    sample_age_seconds: float | None
+    problems: tuple[SignalProblem, ...]
+
+
+def _fleet_value(
+    name: str,
+    pods: Sequence[PodInfo],
+    source: dict[PodKey, PodSamples] | PodSamples | Problem | None,
+    max_age: float,
+    now: float,
+) -> tuple[list[Sample], SignalProblem | None]:
+    """Fresh samples for every pod, or the reason the fleet's value is unknown."""
+    found: list[Sample] = []
+    missing: list[str] = []
+    for pod in pods:
+        key = (pod.namespace, pod.name)
+        samples = source.get(key) if isinstance(source, dict) else source
+        if isinstance(samples, Problem):
+            return [], SignalProblem(name, samples.reason, samples.message)
+        if samples is None:
+            missing.append(pod.name)
+            continue
+        if key in samples.problems:
+            problem = samples.problems[key]
+            return [], SignalProblem(name, problem.reason, f"pod {pod.name}: {problem.message}")
+        sample = samples.samples.get(key)
+        if sample is None:
+            missing.append(pod.name)
+            continue
+        age = now - sample.timestamp
+        if age > max_age:
+            return [], SignalProblem(
+                name,
+                Reason.STALE_SAMPLES,
+                f"pod {pod.name}: newest sample is {age:.0f}s old "
+                f"(maxSampleAgeSeconds {max_age:g})",
+            )
+        found.append(sample)
+    if missing:
+        reason = Reason.PARTIAL_SAMPLES if found else Reason.NO_SAMPLES
+        shown = ", ".join(missing[:5]) + ("..." if len(missing) > 5 else "")
+        return [], SignalProblem(
+            name, reason, f"no sample for {len(missing)} of {len(pods)} ready pod(s): {shown}"
+        )
+    return found, None
+
+
+def workload_signals(
+    spec: WorkloadSizingSpec,
+    pods: Sequence[PodInfo],
+    snapshot: Snapshot,
+    now: float,
+    custom_queue: PodSamples | Problem | None = None,
+    wake: tuple[float | None, Problem | None] | None = None,
+) -> WorkloadSignals:
+    max_age = float(spec.metrics.max_sample_age_seconds)
+    ready = [p for p in pods if p.ready and not p.terminating]
+    problems: list[SignalProblem] = []
+    ages: list[float] = []
+
+    def batched(signal: str) -> PodSamples | Problem | None:
+        if signal in snapshot.errors:
+            return snapshot.errors[signal]
+        return snapshot.signals.get(signal)
+
+    utilization: float | None = None
+    if ready:
+        per_kind: dict[PodKey, PodSamples] = {}
+        for pod in ready:
+            source = batched(MIG_UTIL if pod.is_mig else GPU_UTIL)
+            if isinstance(source, Problem):
+                problems.append(SignalProblem("gpuUtilization", source.reason, source.message))
+                break
+            if source is not None:
+                per_kind[(pod.namespace, pod.name)] = source
+        else:
+            found, problem = _fleet_value("gpuUtilization", ready, per_kind, max_age, now)
+            if problem:
+                problems.append(problem)
+            else:
+                utilization = sum(s.value for s in found) / len(found)
+                ages.extend(now - s.timestamp for s in found)
+
+    queue_total: float | None = None
+    queue_source: PodSamples | Problem | None = custom_queue
+    if custom_queue is None and spec.metrics.server in QUEUE_SERIES:
+        queue_source = batched(queue_signal(spec.metrics.server))
+    has_queue_source = bool(spec.metrics.queue_query) or spec.metrics.server != Server.NONE
+    if ready and has_queue_source:
+        found, problem = _fleet_value("queue", ready, queue_source, max_age, now)
+        if problem:
+            problems.append(problem)
+        else:
+            queue_total = sum(s.value for s in found)
+            ages.extend(now - s.timestamp for s in found)
+
+    memory_peak: float | None = None
+    memory = batched(MEMORY)
+    if isinstance(memory, PodSamples):
+        values = [
+            memory.samples[(p.namespace, p.name)].value
+            for p in pods
+            if (p.namespace, p.name) in memory.samples
+        ]
+        memory_peak = max(values) if values else None
+
+    wake_demand: float | None = None
+    if wake is not None:
+        wake_demand, wake_problem = wake
+        if wake_problem is not None:
+            problems.append(SignalProblem("wakeQuery", wake_problem.reason, wake_problem.message))
+
+    return WorkloadSignals(
+        signals=Signals(
+            gpu_utilization=utilization,
+            queue_total=queue_total,
+            wake_demand=wake_demand,
+            unknown_reasons=tuple(str(p) for p in problems),
+        ),
+        queue_per_replica=(queue_total / len(ready)) if queue_total is not None and ready else None,
+        memory_peak_mib=memory_peak,
+        sample_age_seconds=max(ages) if ages else None,
+        problems=tuple(problems),
+    )

@@ -1,0 +1,161 @@
+"""Turning Prometheus query results into per-pod samples, trusting nothing in them.
+
+Every value is checked: a result that is not the shape Prometheus documents, a value that is
+NaN, infinite or not a number, a series without pod labels, all end as a recorded reason, never
+as a zero. Pure functions, so hostile input is easy to test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusizer.vocabulary import Reason
+
+TIMESTAMP_LABEL = "gpusizer_sample_ts"
+"""Marks the timestamp() half of a combined query (see `with_timestamps`)."""
+
+PodKey = tuple[str, str]  # (namespace, pod)
+
+
+@dataclass(frozen=True)
+class Sample:
+    value: float
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class Problem:
+    reason: Reason
+    message: str
+
+
+@dataclass
+class PodSamples:
+    """One signal for every pod that has it: the per-pod aggregate of its GPUs' series."""
+
+    samples: dict[PodKey, Sample] = field(default_factory=dict)
+    problems: dict[PodKey, Problem] = field(default_factory=dict)
+
+
+def with_timestamps(selector: str) -> str:
+    """One query that returns each series' value and, as a twin series, its sample time.
+
+    `timestamp()` keeps the labels minus the name, so `or` would drop the twin as a duplicate;
+    an extra label keeps both, and the number of queries stays one per signal.
+    """
+    return f'({selector}) or label_replace(timestamp({selector}), "{TIMESTAMP_LABEL}", "1", "", "")'
+
+
+def parse_number(raw: Any) -> float | None:
+    """Prometheus encodes sample values as strings; anything else is invalid."""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        return None
+    try:
+        value = float(raw)
+    except (ValueError, OverflowError):
+        return None
+    return value
+
+
+def pod_key(labels: Mapping[str, Any]) -> PodKey | None:
+    """The pod a series belongs to: behind a ServiceMonitor without honorLabels the pod labels
+    arrive as exported_pod/exported_namespace, and those name the workload's pod."""
+    pod = labels.get("exported_pod") or labels.get("pod")
+    namespace = labels.get("exported_namespace") or labels.get("namespace")
+    if isinstance(pod, str) and isinstance(namespace, str) and pod and namespace:
+        return namespace, pod
+    return None
+
+
+def _series_identity(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        sorted(
+            (str(k), str(v)) for k, v in labels.items() if k not in ("__name__", TIMESTAMP_LABEL)
+        )
+    )
+
+
+def per_pod(
+    result: Any,
+    *,
+    scale: float = 1.0,
+    combine: str = "mean",
+    now: float,
+) -> PodSamples:
+    """Samples per pod from a `with_timestamps` query result.
+
+    A pod's GPUs are combined (mean for utilisation, max for memory, sum for queues). If any of
+    a pod's series is invalid, the pod is a problem, not a partial value.
+    """
+    out = PodSamples()
+    if not isinstance(result, list):
+        return out
+    values: dict[tuple[tuple[str, str], ...], tuple[PodKey, float | None]] = {}
+    stamps: dict[tuple[tuple[str, str], ...], float | None] = {}
+    for item in result:
+        if not isinstance(item, Mapping):
+            continue
+        labels = item.get("metric")
+        point = item.get("value")
+        if not isinstance(labels, Mapping) or not isinstance(point, list) or len(point) != 2:
+            continue
+        key = pod_key(labels)
+        if key is None:
+            continue  # a GPU no pod holds: real exporters serve those too
+        identity = _series_identity(labels)
+        number = parse_number(point[1])
+        if labels.get(TIMESTAMP_LABEL) is not None:
+            stamps[identity] = number
+        else:
+            values[identity] = (key, number)
+    grouped: dict[PodKey, list[tuple[float, float]]] = {}
+    for identity, (key, number) in values.items():
+        if key in out.problems:
+            continue
+        stamp = stamps.get(identity)
+        if number is None or not math.isfinite(number):
+            out.problems[key] = Problem(Reason.INVALID_VALUE, f"value {number!r} is not finite")
+            grouped.pop(key, None)
+            continue
+        if stamp is None or not math.isfinite(stamp):
+            stamp = now  # the instant query evaluated it now; age unknown beyond that
+        grouped.setdefault(key, []).append((number * scale, stamp))
+    for key, points in grouped.items():
+        numbers = [n for n, _ in points]
+        oldest = min(t for _, t in points)
+        if combine == "max":
+            value = max(numbers)
+        elif combine == "sum":
+            value = sum(numbers)
+        else:
+            value = sum(numbers) / len(numbers)
+        out.samples[key] = Sample(value, oldest)
+    return out
+
+
+def scalar(result: Any) -> tuple[float | None, Problem | None]:
+    """A wake query's single value: a scalar, or a vector of exactly one element."""
+    point: Any = None
+    if isinstance(result, list) and len(result) == 2 and not isinstance(result[0], Mapping):
+        point = result
+    elif isinstance(result, list) and len(result) == 1 and isinstance(result[0], Mapping):
+        point = result[0].get("value")
+    elif isinstance(result, list) and not result:
+        return None, Problem(Reason.NO_SAMPLES, "the query returned no series")
+    elif isinstance(result, list):
+        return None, Problem(
+            Reason.INVALID_VALUE, f"the query returned {len(result)} series; it must return one"
+        )
+    if not isinstance(point, list) or len(point) != 2:
+        return None, Problem(Reason.INVALID_VALUE, "the result is not a Prometheus sample")
+    number = parse_number(point[1])
+    if number is None or not math.isfinite(number):
+        return None, Problem(Reason.INVALID_VALUE, f"value {point[1]!r} is not a finite number")
+    return number, None
+
+
+def pods_missing(expected: Iterable[PodKey], samples: PodSamples) -> list[PodKey]:
+    return [key for key in expected if key not in samples.samples]

@@ -1,0 +1,119 @@
+"""What the operator needs to know about a pod, read from its Kubernetes object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    node: str | None
+    ready: bool
+    terminating: bool
+    phase: str
+    gpu_resource: str | None  # nvidia.com/gpu or nvidia.com/mig-<profile> of the GPU container
+    gpu_container: str | None
+    oom_kills: int  # containers whose last termination was OOMKilled, counted by restarts
+
+    @property
+    def starting(self) -> bool:
+        """Pending, or running but not yet ready: capacity on its way."""
+        return not self.terminating and not self.ready and self.phase in ("Pending", "Running")
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.gpu_resource and self.gpu_resource.startswith(MIG_RESOURCE_PREFIX))
+
+
+def _gpu_resource(container: Mapping[str, Any]) -> str | None:
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        for name in resources.get(section) or {}:
+            if isinstance(name, str) and name.startswith(GPU_RESOURCE_PREFIX):
+                return name
+    return None
+
+
+def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
+    """Parse a pod object (as a dict); `container` picks the sized container by name."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    gpu_resource = None
+    gpu_container = None
+    for c in spec.get("containers") or []:
+        if container is not None and c.get("name") != container:
+            continue
+        resource = _gpu_resource(c)
+        if resource is not None or container is not None:
+            gpu_resource, gpu_container = resource, c.get("name")
+            break
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    oom_kills = 0
+    for cs in status.get("containerStatuses") or []:
+        terminated = (cs.get("lastState") or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            oom_kills += max(1, int(cs.get("restartCount") or 0))
+    return PodInfo(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        labels=dict(meta.get("labels") or {}),
+        node=spec.get("nodeName"),
+        ready=ready,
+        terminating=meta.get("deletionTimestamp") is not None,
+        phase=str(status.get("phase") or "Pending"),
+        gpu_resource=gpu_resource,
+        gpu_container=gpu_container,
+        oom_kills=oom_kills,
+    )
+
+
+def matches_selector(labels: Mapping[str, str], selector: str) -> bool:
+    """Whether labels match a /scale status.selector string (equality and set-based terms)."""
+    if not selector:
+        return False
+    return all(_term_matches(labels, term.strip()) for term in _split_terms(selector))
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(selector):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            terms.append(selector[start:i])
+            start = i + 1
+    terms.append(selector[start:])
+    return [t for t in terms if t.strip()]
+
+
+def _term_matches(labels: Mapping[str, str], term: str) -> bool:
+    for op in (" notin ", " in "):
+        if op in term:
+            key, _, rest = term.partition(op)
+            values = {v.strip() for v in rest.strip().strip("()").split(",")}
+            present = labels.get(key.strip())
+            inside = present is not None and present in values
+            return inside if op == " in " else not inside
+    if term.startswith("!"):
+        return term[1:] not in labels
+    for op in ("!=", "==", "="):
+        if op in term:
+            key, _, value = term.partition(op)
+            present = labels.get(key.strip())
+            if op == "!=":
+                return present != value.strip()
+            return present == value.strip()
+    return term in labels

@@ -1,0 +1,165 @@
+"""Reads from Prometheus: one query per signal per cycle, for every workload at once.
+
+prometheus-api-client is blocking; its calls run in worker threads so the operator's event
+loop keeps serving the API watches while Prometheus is slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.report import metrics
+from gpusizer.signals.parse import PodSamples, Problem, per_pod, scalar, with_timestamps
+from gpusizer.vocabulary import Reason
+
+log = logging.getLogger(__name__)
+
+GPU_UTIL = "gpu_util"
+MIG_UTIL = "mig_util"
+MEMORY = "memory"
+
+BATCHED_SIGNALS: dict[str, tuple[str, float, str]] = {
+    # signal: (selector, scale, how a pod's GPUs combine)
+    GPU_UTIL: ("DCGM_FI_DEV_GPU_UTIL", 1.0, "mean"),
+    MIG_UTIL: ('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 100.0, "mean"),
+    MEMORY: ("DCGM_FI_DEV_FB_USED", 1.0, "max"),
+}
+
+QUEUE_SERIES: dict[Server, str] = {
+    Server.VLLM: "vllm:num_requests_waiting",
+    Server.TRITON: "nv_inference_pending_request_count",
+    Server.TGI: "tgi_queue_size",
+    Server.SGLANG: "sglang:num_queue_reqs",
+}
+
+
+def queue_signal(server: Server) -> str:
+    return f"queue:{server.value}"
+
+
+@dataclass
+class Snapshot:
+    """Everything the batched queries of one cycle returned."""
+
+    time: float
+    signals: dict[str, PodSamples] = field(default_factory=dict)
+    errors: dict[str, Problem] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    url: str
+    timeout_seconds: float = 10.0
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    basic_auth: tuple[str, str] | None = None
+
+
+class PrometheusSource:
+    def __init__(self, settings: PrometheusSettings) -> None:
+        self._settings = settings
+        session = requests.Session()
+        if settings.ca_file:
+            session.verify = settings.ca_file
+        self._client = PrometheusConnect(
+            url=settings.url,
+            disable_ssl=settings.insecure_skip_verify,
+            retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]),
+            auth=settings.basic_auth,
+            session=session,
+            timeout=int(max(1, settings.timeout_seconds)),
+        )
+
+    def _headers(self) -> dict[str, str]:
+        if not self._settings.bearer_token_file:
+            return {}
+        with open(self._settings.bearer_token_file, encoding="utf-8") as f:
+            return {"Authorization": f"Bearer {f.read().strip()}"}
+
+    async def query(self, promql: str, signal: str) -> tuple[Any, Problem | None]:
+        """Run one instant query off the event loop; failures become a Problem."""
+        started = time.monotonic()
+        try:
+            self._client.headers = self._headers()
+            result = await asyncio.to_thread(self._client.custom_query, promql)
+        except requests.exceptions.Timeout as exc:
+            return None, self._failed(signal, Reason.PROMETHEUS_UNREACHABLE, f"timed out: {exc}")
+        except requests.exceptions.RequestException as exc:
+            return None, self._failed(
+                signal, Reason.PROMETHEUS_UNREACHABLE, f"{self._settings.url}: {exc}"
+            )
+        except PrometheusApiClientException as exc:
+            return None, self._failed(signal, Reason.QUERY_ERROR, str(exc)[:500])
+        except ValueError as exc:  # a body that is not JSON
+            return None, self._failed(signal, Reason.QUERY_ERROR, f"unreadable response: {exc}")
+        finally:
+            metrics.QUERY_SECONDS.labels(signal=signal).observe(time.monotonic() - started)
+        return result, None
+
+    def _failed(self, signal: str, reason: Reason, message: str) -> Problem:
+        metrics.QUERY_ERRORS.labels(signal=signal, reason=reason.value).inc()
+        log.warning("prometheus query for %s failed (%s): %s", signal, reason.value, message)
+        return Problem(reason, message)
+
+    async def per_pod(self, promql: str, signal: str, scale: float, combine: str) -> PodSamples:
+        result, problem = await self.query(with_timestamps(promql), signal)
+        if problem is not None:
+            raise SignalFailed(problem)
+        return per_pod(result, scale=scale, combine=combine, now=time.time())
+
+    async def snapshot(self, servers: Iterable[Server]) -> Snapshot:
+        """The batched queries of one cycle: a constant number, whatever the workload count."""
+        wanted: dict[str, tuple[str, float, str]] = dict(BATCHED_SIGNALS)
+        for server in sorted(set(servers)):
+            if server in QUEUE_SERIES:
+                wanted[queue_signal(server)] = (QUEUE_SERIES[server], 1.0, "sum")
+        snap = Snapshot(time=time.time())
+        names = list(wanted)
+        results = await asyncio.gather(
+            *(self.per_pod(wanted[n][0], n, wanted[n][1], wanted[n][2]) for n in names),
+            return_exceptions=True,
+        )
+        for name, outcome in zip(names, results, strict=True):
+            if isinstance(outcome, SignalFailed):
+                snap.errors[name] = outcome.problem
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                snap.signals[name] = outcome
+        return snap
+
+    async def custom_per_pod(self, promql: str) -> PodSamples | Problem:
+        """A user's queueQuery, summed per pod."""
+        try:
+            return await self.per_pod(
+                f"sum by (namespace, pod, exported_namespace, exported_pod) ({promql})",
+                "queue:custom",
+                1.0,
+                "sum",
+            )
+        except SignalFailed as failed:
+            return failed.problem
+
+    async def scalar(self, promql: str) -> tuple[float | None, Problem | None]:
+        result, problem = await self.query(promql, "wake")
+        if problem is not None:
+            return None, problem
+        return scalar(result)
+
+
+class SignalFailed(Exception):
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
