@@ -47,7 +47,9 @@ class GpusimServer(ThreadingHTTPServer):
         self.registry.register(ViewCollector(sim.view, options))
 
     def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="gpusim-http", daemon=True)
+        thread = threading.Thread(
+            target=self.serve_forever, args=(0.1,), name="gpusim-http", daemon=True
+        )
         thread.start()
         return thread
 

@@ -73,6 +73,7 @@ def gpu_pod(
     count: int = 1,
     running_since: float | None = 0.0,
     annotations: Mapping[str, str] | None = None,
+    terminating: bool = False,
 ) -> PodInfo:
     return PodInfo(
         uid=f"uid-{namespace}-{name}",
@@ -86,5 +87,6 @@ def gpu_pod(
         running_since=running_since,
         ready=False,
         restart_count=0,
+        terminating=terminating,
         annotations=dict(annotations or {}),
     )

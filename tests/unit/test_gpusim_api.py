@@ -1,0 +1,138 @@
+"""The emulator's HTTP control API and /metrics, served for real on a free port."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpusizer.catalog import load_catalog
+
+from e2e.gpusim.exposition import ExporterOptions
+from e2e.gpusim.model import ModelConfig
+from e2e.gpusim.server import GpusimServer
+from e2e.gpusim.sim import Simulator
+from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
+
+
+class Harness:
+    def __init__(self) -> None:
+        catalog = load_catalog()
+        self.source = FakeClusterSource()
+        self.source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 2, "all-3g.40gb")
+        self.source.add_pod(gpu_pod("chat-1", "gpu-a", "nvidia.com/mig-3g.40gb", running_since=0.0))
+        self.now = 0.0
+        self.sim = Simulator(
+            self.source, catalog, ModelConfig(startup_seconds=5), clock=lambda: self.now
+        )
+        self.sim.step()
+        self.server = GpusimServer(("127.0.0.1", 0), self.sim, ExporterOptions())
+        self.server.serve_in_thread()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def advance(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self.now += 1
+            self.sim.step()
+
+    def call(
+        self, method: str, path: str, body: Any = None, raw: bytes | None = None
+    ) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                payload = response.read()
+                status = response.status
+        except urllib.error.HTTPError as err:
+            payload, status = err.read(), err.code
+        try:
+            return status, json.loads(payload)
+        except json.JSONDecodeError:
+            return status, payload.decode()
+
+
+@pytest.fixture
+def api() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.server.shutdown()
+    harness.server.server_close()
+
+
+def test_healthz_and_metrics(api: Harness) -> None:
+    assert api.call("GET", "/healthz") == (200, "ok\n")
+    api.advance(1)
+    status, text = api.call("GET", "/metrics")
+    assert status == 200
+    assert 'GPU_I_PROFILE="3g.40gb"' in text and "DCGM_FI_DEV_GPU_UTIL" not in text.replace(
+        "# HELP DCGM_FI_DEV_GPU_UTIL", ""
+    ).replace("# TYPE DCGM_FI_DEV_GPU_UTIL", "")
+
+
+def test_set_load_and_describe(api: Harness) -> None:
+    status, body = api.call("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": 2.0})
+    assert status == 200 and body["requestsPerSecond"] == 2.0
+    api.advance(3)
+    status, body = api.call("GET", "/v1/workloads/llm/chat")
+    assert status == 200
+    assert body["gatewayPending"] == pytest.approx(6.0)  # not ready yet: held at the gateway
+    [pod] = body["pods"]
+    assert pod["ready"] is False and pod["slice"] == "mig-3g.40gb" and pod["node"] == "gpu-a"
+    api.advance(3)
+    status, body = api.call("GET", "/v1/workloads/llm/chat")
+    [pod] = body["pods"]
+    assert pod["ready"] is True and body["gatewayPending"] == 0
+    assert 0 < pod["utilization"] <= 1 and pod["memoryMiB"] == 16384
+    assert set(pod) >= {"node", "slice", "ready", "utilization", "queue", "memoryMiB"}
+    assert api.source.readied == ["chat-1"]
+
+
+def test_replay(api: Harness, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp_s,requests\n0,100\n10,0\n")
+    status, body = api.call(
+        "POST", "/v1/workloads/llm/chat/replay", {"trace": str(trace), "speedup": 10}
+    )
+    assert status == 200 and body["replay"] is True and body["replaySeconds"] == pytest.approx(2.0)
+    assert body["requestsPerSecond"] == pytest.approx(100.0)
+    api.advance(3)
+    status, body = api.call("GET", "/v1/workloads/llm/chat")
+    assert body["requestsPerSecond"] == 0 and body["replay"] is False  # the trace has ended
+    assert body["gatewayPending"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("PUT", "/v1/workloads/llm/chat/load", {}, "requestsPerSecond"),
+        ("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": "lots"}, "requestsPerSecond"),
+        ("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": -1}, "requestsPerSecond"),
+        ("PUT", "/v1/workloads/llm/chat/load", [1], "body"),
+        ("POST", "/v1/workloads/llm/chat/replay", {"speedup": 2}, "trace"),
+        ("POST", "/v1/workloads/llm/chat/replay", {"trace": "/nonexistent.csv"}, "trace"),
+        (
+            "POST",
+            "/v1/workloads/llm/chat/replay",
+            {"trace": "/etc/hostname", "speedup": 0},
+            "speedup",
+        ),
+    ],
+)
+def test_bad_requests_name_the_field(
+    api: Harness, method: str, path: str, body: Any, field: str
+) -> None:
+    status, answer = api.call(method, path, body)
+    assert status == 400
+    assert answer["error"].startswith(field + ":")
+
+
+def test_not_json_and_unknown_paths(api: Harness) -> None:
+    status, answer = api.call("PUT", "/v1/workloads/llm/chat/load", raw=b"{nope")
+    assert status == 400 and answer["error"].startswith("body:")
+    assert api.call("GET", "/v1/nothing")[0] == 404
+    assert api.call("PUT", "/v1/workloads/llm/chat/replay", {})[0] == 404

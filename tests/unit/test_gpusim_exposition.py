@@ -1,0 +1,222 @@
+"""The emulator's /metrics: exact DCGM and vLLM names, label sets and order, and units."""
+
+from __future__ import annotations
+
+import pytest
+from gpusizer.catalog import Catalog, load_catalog
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.gpusim.exposition import ExporterOptions, metrics, render
+from e2e.gpusim.model import ModelConfig
+from e2e.gpusim.sim import Simulator
+from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
+
+BASE = ["gpu", "UUID", "pci_bus_id", "device", "modelName"]
+TAIL = ["Hostname", "DCGM_FI_DRIVER_VERSION"]
+POD = ["container", "namespace", "pod"]
+WHOLE_ONLY = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"}
+DCGM = [
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+]
+
+Series = dict[str, list[tuple[list[str], dict[str, str], float]]]
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+def scrape(sim: Simulator, options: ExporterOptions | None = None) -> tuple[str, Series]:
+    """Series by their exposed name, with label order read from the text itself."""
+    text = render(metrics(sim.view(), options or ExporterOptions())).decode()
+    rows: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            name, rest = line.split("{", 1)
+            pairs = rest.rsplit("}", 1)[0].split('",')
+            rows.append((name, [pair.split("=", 1)[0] for pair in pairs]))
+    # values and unescaped labels from the reference parser (which renames counters to _total)
+    parsed = [
+        (dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+    assert len(parsed) == len(rows)
+    series: Series = {}
+    for (name, order), (labels, value) in zip(rows, parsed, strict=True):
+        assert order == list(labels)
+        series.setdefault(name, []).append((order, labels, value))
+    return text, series
+
+
+@pytest.fixture
+def sim(catalog: Catalog) -> Simulator:
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 2)
+    source.nodes["gpu-b"] = gpu_node(catalog, "gpu-b", "h100-80gb", 1, "all-balanced")
+    source.add_pod(
+        gpu_pod("chat-1", "gpu-a", annotations={"gpusim.gpusizer.io/memory-mib": "30000"})
+    )
+    source.add_pod(
+        gpu_pod(
+            "small-1",
+            "gpu-b",
+            "nvidia.com/mig-3g.40gb",
+            workload="small",
+            annotations={"gpusim.gpusizer.io/memory-mib": "20000"},
+        )
+    )
+    now = [0.0]
+    simulator = Simulator(source, catalog, ModelConfig(startup_seconds=0), clock=lambda: now[0])
+    simulator.set_load(("llm", "chat"), 4.0)  # 40 % of a full H100 at 10 rps
+    simulator.set_load(("llm", "small"), 2.0)
+    simulator.set_load(("llm", "idle"), 0.0)
+    for t in range(11):
+        now[0] = float(t)
+        simulator.step()
+    return simulator
+
+
+def test_names_types_and_label_order(sim: Simulator) -> None:
+    text, series = scrape(sim)
+    for name in DCGM:
+        assert f"# TYPE {name} " in text
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in text
+    assert "# TYPE vllm:request_success_total counter" in text
+    for name in DCGM:
+        for order, labels, _ in series[name]:
+            mig = "GPU_I_PROFILE" in labels
+            expected = BASE + (["GPU_I_PROFILE", "GPU_I_ID"] if mig else []) + TAIL
+            if "pod" in labels:
+                expected += POD
+            assert order == expected, name
+            assert labels["device"] == f"nvidia{labels['gpu']}"
+            assert labels["modelName"] == "NVIDIA H100 80GB HBM3"
+            assert labels["UUID"].startswith("GPU-")
+            assert not (mig and name in WHOLE_ONLY)
+    for name in [
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:request_success_total",
+    ]:
+        assert {tuple(order) for order, _, _ in series[name]} == {
+            ("namespace", "pod", "model_name")
+        }
+    assert [labels for _, labels, _ in series["gateway_pending_requests"]] == [
+        {"namespace": "llm", "service": "chat"},
+        {"namespace": "llm", "service": "idle"},
+        {"namespace": "llm", "service": "small"},
+    ]
+
+
+def one(series: Series, name: str, **match: str) -> tuple[dict[str, str], float]:
+    rows = [(labels, value) for _, labels, value in series[name] if match.items() <= labels.items()]
+    assert len(rows) == 1, (name, match, rows)
+    return rows[0]
+
+
+def test_whole_gpu_values_and_units(sim: Simulator) -> None:
+    _, series = scrape(sim)
+    _, util = one(series, "DCGM_FI_DEV_GPU_UTIL", pod="chat-1")
+    assert util == 40 and float(util).is_integer()  # 0-100 integer percent
+    _, gr = one(series, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", pod="chat-1")
+    assert gr == pytest.approx(0.4)  # 0-1
+    _, used = one(series, "DCGM_FI_DEV_FB_USED", pod="chat-1")
+    _, free = one(series, "DCGM_FI_DEV_FB_FREE", pod="chat-1")
+    _, reserved = one(series, "DCGM_FI_DEV_FB_RESERVED", pod="chat-1")
+    assert used == 30000 and used + free + reserved == 81559  # MiB
+    _, power = one(series, "DCGM_FI_DEV_POWER_USAGE", pod="chat-1")
+    assert 70 < power < 700  # W, between idle and board power
+    _, energy = one(series, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", pod="chat-1")
+    assert energy > 0  # mJ counter, advances with power x time
+    _, kv = one(series, "vllm:kv_cache_usage_perc", pod="chat-1")
+    assert 0 <= kv <= 1
+
+
+def test_unallocated_gpus_have_no_pod_labels(sim: Simulator) -> None:
+    _, series = scrape(sim)
+    idle = [labels for _, labels, _ in series["DCGM_FI_DEV_GPU_UTIL"] if "pod" not in labels]
+    assert [(labels["Hostname"], labels["gpu"]) for labels in idle] == [("gpu-a", "1")]
+    assert not {"container", "namespace", "pod"} & set(idle[0])
+    # balanced H100: 4 instances, one allocated
+    instances = [
+        labels for _, labels, _ in series["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if "GPU_I_ID" in labels
+    ]
+    assert sorted(labels["GPU_I_PROFILE"] for labels in instances) == [
+        "1g.10gb",
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+    ]
+    assert sum("pod" in labels for labels in instances) == 1
+
+
+def test_mig_instance_series(sim: Simulator) -> None:
+    _, series = scrape(sim)
+    labels, gr = one(series, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", pod="small-1")
+    assert labels["GPU_I_PROFILE"] == "3g.40gb" and labels["Hostname"] == "gpu-b"
+    assert 0 < gr <= 1  # relative to the instance, not the whole GPU
+    _, used = one(series, "DCGM_FI_DEV_FB_USED", pod="small-1")
+    _, free = one(series, "DCGM_FI_DEV_FB_FREE", pod="small-1")
+    assert used == 20000 and used + free == 40448  # the instance's own memory
+    powers = {
+        value
+        for _, labels, value in series["DCGM_FI_DEV_POWER_USAGE"]
+        if labels["Hostname"] == "gpu-b"
+    }
+    assert len(powers) == 1 and powers.pop() > 70  # the parent's busy power, on every instance
+    uuids = {
+        labels["UUID"]
+        for _, labels, _ in series["DCGM_FI_DEV_POWER_USAGE"]
+        if labels["Hostname"] == "gpu-b"
+    }
+    assert len(uuids) == 1  # UUID names the parent GPU
+
+
+def test_exporter_variants(sim: Simulator) -> None:
+    _, series = scrape(sim, ExporterOptions(hostname_label="hostname", exported_labels=True))
+    order, labels, _ = next(
+        row for row in series["DCGM_FI_DEV_GPU_UTIL"] if "exported_pod" in row[1]
+    )
+    assert order == [
+        *BASE,
+        "hostname",
+        "DCGM_FI_DRIVER_VERSION",
+        "container",
+        "exported_namespace",
+        "exported_pod",
+    ]
+    assert labels["exported_pod"] == "chat-1" and labels["exported_namespace"] == "llm"
+    assert all(
+        "Hostname" not in labels and "pod" not in labels
+        for _, labels, _ in series["DCGM_FI_DEV_FB_USED"]
+    )
+
+
+def test_terminated_pod_disappears(catalog: Catalog) -> None:
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "l4", 1)
+    pod = source.add_pod(gpu_pod("chat-1", "gpu-a"))
+    sim = Simulator(source, catalog, ModelConfig(startup_seconds=0), clock=lambda: 0.0)
+    sim.step()
+    _, series = scrape(sim)
+    assert one(series, "DCGM_FI_DEV_FB_USED", pod="chat-1")[0]["modelName"] == "NVIDIA L4"
+    source.pods[pod.uid] = gpu_pod("chat-1", "gpu-a", terminating=True)
+    sim.step()
+    _, series = scrape(sim)
+    assert all("pod" not in labels for _, labels, _ in series["DCGM_FI_DEV_FB_USED"])
+    assert "vllm:num_requests_waiting" not in series

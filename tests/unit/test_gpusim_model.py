@@ -1,0 +1,221 @@
+"""The emulator's pure load model, traces and device assignment (no HTTP, no cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpusizer.catalog import Catalog, load_catalog
+
+from e2e.gpusim.devices import Allocator, devices_of
+from e2e.gpusim.model import LoadModel, ModelConfig, Replica
+from e2e.gpusim.sim import Simulator
+from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
+from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+CHAT = ("llm", "chat")
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+def replica(catalog: Catalog, name: str, resource: str = "nvidia.com/gpu", **kw: object) -> Replica:
+    pod = gpu_pod(name, "gpu-a", resource, **kw)  # type: ignore[arg-type]
+    return Replica(pod=pod, slice=catalog.slice_for(resource, H100))
+
+
+def test_queue_grows_above_capacity_and_drains_below(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(capacity_rps=10, startup_seconds=0))
+    replicas = [replica(catalog, "a"), replica(catalog, "b")]
+    model.set_rate(CHAT, ConstantRate(30))
+    model.tick(0, replicas)
+    model.tick(10, replicas)  # 300 arrive, 200 served
+    state = model.workload(CHAT)
+    assert state.queue == pytest.approx(100)
+    assert model.replicas["uid-llm-a"].utilisation == pytest.approx(1.0)
+    assert model.replicas["uid-llm-a"].waiting == pytest.approx(50)  # split across ready pods
+    model.set_rate(CHAT, ConstantRate(5))
+    model.tick(20, replicas)  # 100 + 50 arrive, up to 200 served
+    assert state.queue == pytest.approx(0)
+    assert model.replicas["uid-llm-a"].utilisation == pytest.approx(150 / 200)
+    assert model.replicas["uid-llm-a"].success_total == pytest.approx(175)
+    assert state.gateway_pending == 0
+
+
+def test_capacity_follows_the_slice_throughput(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(capacity_rps=10, startup_seconds=0))
+    small = replica(
+        catalog,
+        "small",
+        "nvidia.com/mig-1g.10gb",
+        annotations={"gpusim.gpusizer.io/memory-mib": "4000"},
+    )
+    big = replica(catalog, "big", annotations={"gpusim.gpusizer.io/capacity-rps": "20"})
+    model.tick(0, [small, big])
+    assert small.slice is not None
+    assert model.replicas["uid-llm-small"].capacity_rps == pytest.approx(
+        10 * small.slice.relative_throughput
+    )
+    assert model.replicas["uid-llm-big"].capacity_rps == pytest.approx(20)
+    model.set_rate(CHAT, ConstantRate(10))
+    model.tick(1, [small, big])
+    # both ready pods run at the same utilisation: load splits by capacity
+    assert model.replicas["uid-llm-small"].utilisation == pytest.approx(
+        model.replicas["uid-llm-big"].utilisation
+    )
+
+
+def test_startup_delay_then_ready(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(startup_seconds=5))
+    pod = replica(
+        catalog, "a", running_since=100.0, annotations={"gpusim.gpusizer.io/startup-seconds": "30"}
+    )
+    pending = replica(catalog, "p", running_since=None)
+    assert model.tick(120, [pod, pending]).mark_ready == []
+    assert not model.replicas["uid-llm-a"].ready
+    result = model.tick(130, [pod, pending])
+    assert [p.name for p in result.mark_ready] == ["a"]
+    assert not model.replicas["uid-llm-p"].ready
+
+
+def test_gateway_holds_requests_without_ready_replica(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(capacity_rps=10, startup_seconds=10))
+    model.set_rate(CHAT, ConstantRate(2))
+    model.tick(0, [])
+    model.tick(5, [])
+    assert model.workload(CHAT).gateway_pending == pytest.approx(10)
+    starting = replica(catalog, "a", running_since=0.0)
+    model.tick(8, [starting])  # starting, not ready: still held at the gateway
+    assert model.workload(CHAT).gateway_pending == pytest.approx(16)
+    model.tick(12, [starting])
+    assert model.workload(CHAT).gateway_pending == 0
+    assert model.workload(CHAT).queue == pytest.approx(0)
+
+
+def test_oom_never_ready_and_restarts_with_backoff(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(startup_seconds=5, oom_backoff_seconds=10))
+    big_model = {"gpusim.gpusizer.io/memory-mib": "30000"}
+    pod = replica(catalog, "a", "nvidia.com/mig-1g.10gb", annotations=big_model)
+    restarts = []
+    for t in range(0, 60):
+        result = model.tick(float(t), [pod])
+        assert result.mark_ready == []
+        restarts += [t for _ in result.ooms]
+    assert restarts == [5, 20, 45]  # 5 s start-up, then start-up + 10 s, + 20 s backoff
+    assert model.replicas["uid-llm-a"].oom
+
+
+def test_terminating_pods_serve_nothing(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(startup_seconds=0))
+    pod = replica(catalog, "a", terminating=True)
+    model.set_rate(CHAT, ConstantRate(1))
+    model.tick(0, [pod])
+    model.tick(1, [pod])
+    assert "uid-llm-a" not in model.replicas
+    assert model.workload(CHAT).gateway_pending == pytest.approx(1)
+
+
+def test_trace_spreads_arrivals_and_speeds_up(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp_s,requests,input_tokens\n0,60,1\n60,0,0\n120,120,5\n")
+    trace = load_trace(path)
+    assert trace.bin_width == 60 and trace.duration == 180
+    rate = TraceRate(trace, start=1000.0, speedup=2.0)
+    assert rate.arrivals(1000, 1015) == pytest.approx(30)  # half of the first bin
+    assert rate.rate(1010) == pytest.approx(2.0)
+    assert rate.arrivals(1000, 1090) == pytest.approx(180)  # the whole trace in 90 s
+    assert rate.arrivals(1000, 1030) + rate.arrivals(1030, 1090) == pytest.approx(180)
+    assert rate.rate(1095) == 0 and rate.finished(1090)
+    scaled = TraceRate(trace, start=0.0, scale=0.5)
+    assert scaled.arrivals(0, 180) == pytest.approx(90)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("time,requests\n0,1\n", "header"),
+        ("timestamp_s,requests\n0,1\n0,2\n", "increase"),
+        ("timestamp_s,requests\n", "no rows"),
+    ],
+)
+def test_bad_trace(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_trace(path)
+
+
+def test_real_trace_replays_its_total(tmp_path: Path) -> None:
+    path = Path("/work/shared/traces/azure-llm-2023-code.csv")
+    if not path.exists():
+        pytest.skip("shared traces not present")
+    trace = load_trace(path)
+    rate = TraceRate(trace, start=0.0, speedup=60.0)
+    assert rate.arrivals(0, trace.duration / 60) == pytest.approx(sum(trace.requests))
+
+
+def test_devices_assignment_is_stable_and_collision_free(catalog: Catalog) -> None:
+    nodes = {
+        "gpu-a": gpu_node(catalog, "gpu-a", "h100-80gb", 2, "all-3g.40gb"),
+        "gpu-b": gpu_node(catalog, "gpu-b", "h100-80gb", 2),
+    }
+    devices = devices_of(nodes, catalog)
+    assert len(devices) == 4 + 2
+    assert len({d.uuid for d in devices if d.node == "gpu-a"}) == 2
+    mig = [d for d in devices if d.profile]
+    assert {(d.gpu, d.instance_id) for d in mig} == {(0, 1), (0, 2), (1, 1), (1, 2)}
+    allocator = Allocator()
+    pods = [
+        gpu_pod(f"p{i}", "gpu-a", "nvidia.com/mig-3g.40gb", running_since=float(i))
+        for i in range(5)
+    ]
+    first = allocator.update(pods, devices)
+    assert len(first) == 4  # the fifth pod finds no free instance
+    keys = [d.key for held in first.values() for d in held]
+    assert len(keys) == len(set(keys))
+    # a pod leaving frees its instance; the others keep theirs
+    second = allocator.update(pods[1:], devices)
+    for uid in first:
+        if uid != "uid-llm-p0":
+            assert second[uid] == first[uid]
+    assert "uid-llm-p4" in second
+    whole = allocator.update([gpu_pod("w", "gpu-b", count=2)], devices)
+    assert sorted(d.gpu for d in whole["uid-llm-w"]) == [0, 1]
+
+
+def test_layout_packed_from_allocatable(catalog: Catalog) -> None:
+    node = gpu_node(catalog, "gpu-c", "h100-80gb", 4)
+    node = type(node)(
+        name="gpu-c",
+        labels={k: v for k, v in node.labels.items() if "mig.config" not in k},
+        allocatable={
+            "nvidia.com/gpu": "2",
+            "nvidia.com/mig-1g.10gb": "7",
+            "nvidia.com/mig-3g.40gb": "2",
+        },
+    )
+    devices = devices_of({"gpu-c": node}, catalog)
+    by_gpu: dict[int, list[str | None]] = {}
+    for d in devices:
+        by_gpu.setdefault(d.gpu, []).append(d.profile)
+    assert by_gpu[0] == [None] and by_gpu[1] == [None]
+    assert sorted(by_gpu[2] + by_gpu[3], key=str) == sorted(["3g.40gb"] * 2 + ["1g.10gb"] * 7)
+
+
+def test_simulator_readies_pods_through_the_source(catalog: Catalog) -> None:
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 1)
+    source.add_pod(gpu_pod("chat-1", "gpu-a", running_since=10.0))
+    now = [10.0]
+    sim = Simulator(source, catalog, ModelConfig(startup_seconds=5), clock=lambda: now[0])
+    deadline = 30.0
+    while not source.readied and now[0] < deadline:
+        sim.step()
+        now[0] += 1
+    assert source.readied == ["chat-1"]
+    assert now[0] == 16.0  # marked ready on the tick at t=15
+    sim.step()
+    assert source.readied == ["chat-1"]  # once only
