@@ -139,9 +139,7 @@ class MigManager:
         }
         resources.update(resources_for_layout(product, desired, count))
         labels: dict[str, str | None] = {
-            key: None
-            for key in node.labels
-            if key.startswith("nvidia.com/mig-") and key.endswith((".count", ".memory"))
+            key: None for key in node.labels if key.startswith("nvidia.com/mig-")
         }
         labels.update(labels_for_layout(product, desired, count))
         labels[MIG_STATE_LABEL] = "success"
