@@ -17,6 +17,8 @@ from e2e.gpusim.cluster import ClusterSnapshot, NodeInfo, PodInfo, gpu_limit
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+# The client would otherwise pick JSON Patch, the first type the API lists.
+STRATEGIC = "application/strategic-merge-patch+json"
 
 
 def _timestamp(epoch: float) -> str:
@@ -209,7 +211,9 @@ class KubeCluster:
                 "containerStatuses": statuses,
             }
         }
-        self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
+        self.core.patch_namespaced_pod_status(
+            pod.name, pod.namespace, body, _content_type=STRATEGIC
+        )
 
     def record_oom(self, pod: PodInfo, at: float) -> None:
         current = self._informers["pods"].get(f"{pod.namespace}/{pod.name}")
@@ -255,7 +259,9 @@ class KubeCluster:
                 "containerStatuses": statuses,
             }
         }
-        self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
+        self.core.patch_namespaced_pod_status(
+            pod.name, pod.namespace, body, _content_type=STRATEGIC
+        )
 
     # MigNodeClient
 
@@ -284,12 +290,12 @@ class KubeCluster:
         self, node: str, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]
     ) -> None:
         body = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
-        self.core.patch_node(node, body)
+        self.core.patch_node(node, body, _content_type=STRATEGIC)
 
     def patch_resources(self, node: str, resources: Mapping[str, int | None]) -> None:
         values = {k: (None if v is None else str(v)) for k, v in resources.items()}
         body = {"status": {"capacity": values, "allocatable": values}}
-        self.core.patch_node_status(node, body)
+        self.core.patch_node_status(node, body, _content_type=STRATEGIC)
 
     def warn(self, node: str, reason: str, message: str) -> None:
         found = self._informers["nodes"].get(f"/{node}")
@@ -306,4 +312,4 @@ class KubeCluster:
             "lastTimestamp": now,
             "count": 1,
         }
-        self.core.create_namespaced_event("default", body)
+        self.core.create_namespaced_event("default", client.CoreV1Event.from_dict(body))
