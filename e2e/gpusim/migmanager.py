@@ -93,7 +93,9 @@ class MigManager:
         product = self.catalog.product_by_label(node.labels.get(PRODUCT_LABEL, ""))
         if not desired or product is None:
             return
-        if self._failed.get(node.name) == desired:
+        failed = self._failed.pop(node.name, None)
+        if failed == desired:
+            self._failed[node.name] = failed
             return
         applied = node.annotations.get(APPLIED_ANNOTATION)
         count = int(node.labels.get(COUNT_LABEL, "0") or 0)
@@ -112,13 +114,13 @@ class MigManager:
                     f"a {product.gfd_label} cannot hold layout {desired!r}",
                 )
                 return
-            busy = self.client.gpu_pods(node.name)
-            if applied is None and not busy and self._already_applied(node, desired, count):
+            if applied is None and self._already_applied(node, desired, count):
                 log.info("node %s: adopting layout %s", node.name, desired)
                 self.client.patch_metadata(
                     node.name, {MIG_STATE_LABEL: "success"}, {APPLIED_ANNOTATION: desired}
                 )
                 return
+            busy = self.client.gpu_pods(node.name)
             if busy:
                 self._fail(
                     node,
@@ -129,7 +131,6 @@ class MigManager:
                 return
             log.info("node %s: reconfiguring to %s", node.name, desired)
             self._pending[node.name] = _Pending(desired, now)
-            self._failed.pop(node.name, None)
             self.client.patch_metadata(node.name, {MIG_STATE_LABEL: "pending"}, {})
             return
         if now - pending.since < self.reconfigure_seconds:

@@ -14,7 +14,7 @@ from gpusizer.catalog import Catalog
 from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, WorkloadKey
 from e2e.gpusim.devices import Allocator, Device, devices_of
 from e2e.gpusim.exposition import PodServerReading, View
-from e2e.gpusim.model import MODEL_NAME, LoadModel, ModelConfig, Replica
+from e2e.gpusim.model import MODEL_NAME, LoadModel, ModelConfig, Replica, WorkloadState
 from e2e.gpusim.telemetry import device_readings
 from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
 
@@ -125,7 +125,7 @@ class Simulator:
     def describe(self, key: WorkloadKey) -> dict[str, Any]:
         with self._lock:
             now = self.clock()
-            state = self.model.workload(key)
+            state = self.model.workloads.get(key) or WorkloadState()
             pods = []
             for uid, pod in sorted(self._pods.items(), key=lambda item: item[1].name):
                 replica = self.model.replicas.get(uid)

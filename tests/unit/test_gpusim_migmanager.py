@@ -126,3 +126,25 @@ def test_refuses_a_node_with_gpu_pods(nodes: FakeNodes, manager: MigManager) -> 
     manager.step(12)
     assert nodes.node.labels[MIG_STATE_LABEL] == "success"
     assert nodes.node.allocatable == {"nvidia.com/mig-7g.80gb": "8"}
+
+
+def test_adopts_a_consistent_node_even_with_pods(nodes: FakeNodes, manager: MigManager) -> None:
+    nodes.busy = ["llm/chat-1"]
+    manager.step(0)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "success" and not nodes.events
+
+
+def test_a_failed_layout_is_retried_after_another_label(
+    nodes: FakeNodes, manager: MigManager
+) -> None:
+    manager.step(0)
+    nodes.busy = ["llm/chat-1"]
+    nodes.relabel("all-3g.40gb")
+    manager.step(1)
+    nodes.relabel("all-disabled")  # back to what is applied
+    manager.step(2)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "success"
+    nodes.busy = []
+    nodes.relabel("all-3g.40gb")
+    manager.step(3)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "pending"
