@@ -113,8 +113,10 @@ def _apply_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> N
 
 def crd() -> dict[str, Any]:
     spec_schema = openapi_schema(WorkloadSizingSpec)
+    spec_schema["description"] = "What to size and how: targets, bounds, rates, scale to zero."
     _apply_factory_defaults(spec_schema, WorkloadSizingSpec)
     status_schema = openapi_schema(WorkloadSizingStatus)
+    status_schema["description"] = "What the operator observed, decided and recommends."
     _apply_factory_defaults(status_schema, WorkloadSizingStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

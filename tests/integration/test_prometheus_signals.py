@@ -1,0 +1,150 @@
+"""The signals layer against a real Prometheus: stale, NaN, empty, partial, label spellings."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from gpusizer.api.v1alpha1 import WorkloadSizingSpec
+from gpusizer.signals.join import workload_signals
+from gpusizer.signals.pods import PodInfo
+from gpusizer.signals.source import (
+    GPU_UTIL,
+    MIG_UTIL,
+    PrometheusSettings,
+    PrometheusSource,
+)
+from gpusizer.vocabulary import Reason
+
+from tests.integration.conftest import Exporter
+from tests.support import free_port
+
+SPEC = WorkloadSizingSpec.model_validate(
+    {
+        "targetRef": {"name": "chat"},
+        "replicas": {"min": 1, "max": 8, "targetGPUUtilization": 70, "targetQueuePerReplica": 4},
+        "metrics": {"maxSampleAgeSeconds": 60},
+    }
+)
+
+BASE = (
+    'gpu="{gpu}",UUID="GPU-{pod}-{gpu}",pci_bus_id="00000000:0{gpu}:00.0",device="nvidia{gpu}",'
+    'modelName="NVIDIA H100 80GB HBM3"'
+)
+
+
+def whole(pod: str, util: str, gpu: int = 0, host: str = "Hostname", ts: str = "") -> str:
+    labels = BASE.format(gpu=gpu, pod=pod)
+    tail = (
+        f'{host}="gpu-a",DCGM_FI_DRIVER_VERSION="570.133.20",container="vllm",'
+        f'namespace="llm",pod="{pod}"'
+    )
+    return f"DCGM_FI_DEV_GPU_UTIL{{{labels},{tail}}} {util}{(' ' + ts) if ts else ''}\n"
+
+
+def queue(pod: str, value: str) -> str:
+    return f'vllm:num_requests_waiting{{namespace="llm",pod="{pod}",model_name="m"}} {value}\n'
+
+
+def pods(*names: str, mig: bool = False) -> list[PodInfo]:
+    resource = "nvidia.com/mig-3g.40gb" if mig else "nvidia.com/gpu"
+    return [
+        PodInfo("llm", n, {}, "gpu-a", True, False, "Running", resource, "vllm", 0) for n in names
+    ]
+
+
+async def observe(url: str, names: list[PodInfo]):  # type: ignore[no-untyped-def]
+    source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=5))
+    snapshot = await source.snapshot([SPEC.metrics.server])
+    return snapshot, workload_signals(SPEC, names, snapshot, time.time())
+
+
+@pytest.mark.parametrize("host", ["Hostname", "hostname"])
+async def test_known_values_both_hostname_spellings(
+    prometheus: str, exporter: Exporter, host: str
+) -> None:
+    exporter.set(
+        whole("a", "80", host=host)
+        + whole("a", "60", gpu=1, host=host)
+        + whole("b", "40", host=host)
+        + queue("a", "3")
+        + queue("b", "5")
+    )
+    _, got = await observe(prometheus, pods("a", "b"))
+    assert got.problems == ()
+    assert got.signals.gpu_utilization == pytest.approx((70 + 40) / 2)
+    assert got.signals.queue_total == 8
+    assert got.sample_age_seconds is not None and got.sample_age_seconds < 10
+
+
+async def test_exported_labels(prometheus: str, exporter: Exporter) -> None:
+    labels = BASE.format(gpu=0, pod="x")
+    exporter.set(
+        f'DCGM_FI_DEV_GPU_UTIL{{{labels},Hostname="gpu-a",namespace="gpu-operator",'
+        f'pod="dcgm-exporter-1",exported_namespace="llm",exported_pod="a"}} 33\n' + queue("a", "0")
+    )
+    _, got = await observe(prometheus, pods("a"))
+    assert got.signals.gpu_utilization == 33
+
+
+async def test_mig_instance_reads_gr_engine_active(prometheus: str, exporter: Exporter) -> None:
+    labels = BASE.format(gpu=0, pod="m")
+    exporter.set(
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels},GPU_I_PROFILE="3g.40gb",GPU_I_ID="2",'
+        f'Hostname="gpu-b",namespace="llm",pod="m"}} 0.412\n' + queue("m", "1")
+    )
+    snapshot, got = await observe(prometheus, pods("m", mig=True))
+    assert ("llm", "m") in snapshot.signals[MIG_UTIL].samples
+    assert ("llm", "m") not in snapshot.signals[GPU_UTIL].samples
+    assert got.signals.gpu_utilization == pytest.approx(41.2)
+
+
+@pytest.mark.parametrize(
+    ("exposition", "reason"),
+    [
+        (
+            lambda: whole("a", "NaN") + whole("b", "50") + queue("a", "1") + queue("b", "1"),
+            Reason.INVALID_VALUE,
+        ),
+        (lambda: whole("a", "50") + queue("a", "1") + queue("b", "1"), Reason.PARTIAL_SAMPLES),
+        (lambda: queue("a", "1") + queue("b", "1"), Reason.NO_SAMPLES),
+        (
+            # a series of its own: Prometheus drops samples older than a series' newest
+            lambda: (
+                whole("a", "50", gpu=5, ts=str(int((time.time() - 120) * 1000)))
+                + whole("b", "50")
+                + queue("a", "1")
+                + queue("b", "1")
+            ),
+            Reason.STALE_SAMPLES,
+        ),
+    ],
+    ids=["nan", "partial", "empty", "stale"],
+)
+async def test_unknown_utilisation(
+    prometheus: str, exporter: Exporter, exposition, reason: Reason
+) -> None:  # type: ignore[no-untyped-def]
+    exporter.set(exposition())
+    _, got = await observe(prometheus, pods("a", "b"))
+    assert got.signals.gpu_utilization is None
+    assert [p.reason for p in got.problems if p.signal == "gpuUtilization"] == [reason], got
+
+
+async def test_prometheus_down_is_unreachable_not_zero() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    _, got = await observe(url, pods("a"))
+    assert got.signals.gpu_utilization is None and got.signals.queue_total is None
+    assert {p.reason for p in got.problems} == {Reason.PROMETHEUS_UNREACHABLE}
+
+
+async def test_bad_promql_is_a_query_error(prometheus: str) -> None:
+    source = PrometheusSource(PrometheusSettings(url=prometheus))
+    value, problem = await source.scalar("sum(rate(")
+    assert value is None and problem is not None and problem.reason == Reason.QUERY_ERROR
+
+
+async def test_wake_query_scalar(prometheus: str, exporter: Exporter) -> None:
+    exporter.set('gateway_pending_requests{namespace="llm",service="chat"} 7\n')
+    source = PrometheusSource(PrometheusSettings(url=prometheus))
+    value, problem = await source.scalar('sum(gateway_pending_requests{namespace="llm"})')
+    assert (value, problem) == (7.0, None)

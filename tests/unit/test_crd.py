@@ -1,0 +1,84 @@
+"""The CRD in crds/ is generated from the models; these fail when the two drift apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from gpusizer.api.crd import crd, crd_yaml
+from gpusizer.api.v1alpha1 import ReplicasSpec
+
+CRD_FILE = Path(__file__).parents[2] / "crds" / "gpusizer.io_workloadsizings.yaml"
+
+
+def test_crd_file_matches_models() -> None:
+    assert CRD_FILE.read_text() == crd_yaml(), "crds/ is stale: run `make crds`"
+
+
+def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    if isinstance(node, dict):
+        if "type" in node or "properties" in node:
+            found.append((path, node))
+        for key, value in node.get("properties", {}).items():
+            found.extend(_walk(value, f"{path}.{key}"))
+        if "items" in node:
+            found.extend(_walk(node["items"], f"{path}[]"))
+        if isinstance(node.get("additionalProperties"), dict):
+            found.extend(_walk(node["additionalProperties"], f"{path}{{}}"))
+    return found
+
+
+def _version() -> dict[str, Any]:
+    version: dict[str, Any] = crd()["spec"]["versions"][0]
+    return version
+
+
+def test_schema_is_structural_and_documented() -> None:
+    schema = _version()["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]
+    for path, node in _walk(spec, "spec"):
+        assert "type" in node, f"{path} has no type"
+        assert not {"$ref", "anyOf", "oneOf", "allOf"} & node.keys(), f"{path} is not structural"
+        if not path.endswith("[]"):
+            assert node.get("description"), f"{path} has no description for kubectl explain"
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert node.get(bound) in (None, True), f"{path}.{bound} must be a boolean in v3.0"
+
+
+def test_names_subresource_and_columns() -> None:
+    spec = crd()["spec"]
+    assert spec["names"]["shortNames"] == ["wls"]
+    assert spec["scope"] == "Namespaced"
+    version = _version()
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        "Target",
+        "Mode",
+        "Current",
+        "Desired",
+        "GPU%",
+        "Queue",
+        "Slice",
+        "Ready",
+        "Age",
+    ]
+
+
+def test_cel_rules_present() -> None:
+    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r["rule"] for r in spec["properties"]["replicas"]["x-kubernetes-validations"]]
+    assert "self.min <= self.max" in rules
+    assert any("targetGPUUtilization" in r and "targetQueuePerReplica" in r for r in rules)
+    assert spec["x-kubernetes-validations"][0]["fieldPath"] == ".replicas.min"
+
+
+def test_defaults_fill_omitted_objects() -> None:
+    replicas = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "replicas"
+    ]
+    model_default = ReplicasSpec.model_fields["scale_down"].get_default(call_default_factory=True)
+    assert replicas["properties"]["scaleDown"]["default"] == model_default.model_dump(by_alias=True)
+    assert yaml.safe_load(crd_yaml())["metadata"]["name"] == "workloadsizings.gpusizer.io"

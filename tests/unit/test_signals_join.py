@@ -1,0 +1,158 @@
+"""Per-pod samples -> one workload's signals, through the pods its target owns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
+from gpusizer.signals.join import workload_signals
+from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.signals.pods import PodInfo, matches_selector, pod_info
+from gpusizer.signals.source import GPU_UTIL, MEMORY, MIG_UTIL, Snapshot, queue_signal
+from gpusizer.vocabulary import Reason
+
+NOW = 1_800_000_000.0
+
+
+def spec(**metrics: Any) -> WorkloadSizingSpec:
+    return WorkloadSizingSpec.model_validate(
+        {
+            "targetRef": {"name": "chat"},
+            "replicas": {
+                "min": 1,
+                "max": 8,
+                "targetGPUUtilization": 70,
+                "targetQueuePerReplica": 4,
+            },
+            "metrics": metrics,
+        }
+    )
+
+
+def pod(name: str, ready: bool = True, resource: str = "nvidia.com/gpu") -> PodInfo:
+    return PodInfo(
+        "llm", name, {"app": "chat"}, "node", ready, False, "Running", resource, "vllm", 0
+    )
+
+
+def samples(values: dict[str, float], age: float = 5) -> PodSamples:
+    return PodSamples(samples={("llm", p): Sample(v, NOW - age) for p, v in values.items()})
+
+
+def snapshot(**signals: PodSamples | Problem) -> Snapshot:
+    snap = Snapshot(time=NOW)
+    for name, value in signals.items():
+        key = {"gpu": GPU_UTIL, "mig": MIG_UTIL, "mem": MEMORY, "queue": queue_signal(Server.VLLM)}[
+            name
+        ]
+        if isinstance(value, Problem):
+            snap.errors[key] = value
+        else:
+            snap.signals[key] = value
+    return snap
+
+
+def test_all_known() -> None:
+    snap = snapshot(
+        gpu=samples({"a": 80, "b": 60}),
+        queue=samples({"a": 3, "b": 5}),
+        mem=samples({"a": 20000, "b": 24500}),
+    )
+    got = workload_signals(spec(), [pod("a"), pod("b"), pod("c", ready=False)], snap, NOW)
+    assert got.signals.gpu_utilization == 70
+    assert got.signals.queue_total == 8
+    assert got.queue_per_replica == 4
+    assert got.memory_peak_mib == 24500
+    assert got.sample_age_seconds == 5
+    assert got.problems == ()
+
+
+def test_mig_pods_read_gr_engine_active() -> None:
+    snap = snapshot(gpu=samples({}), mig=samples({"m": 41.2}), queue=samples({"m": 0}))
+    got = workload_signals(spec(), [pod("m", resource="nvidia.com/mig-3g.40gb")], snap, NOW)
+    assert got.signals.gpu_utilization == 41.2
+
+
+@pytest.mark.parametrize(
+    ("gpu", "reason"),
+    [
+        (samples({"a": 80}), Reason.PARTIAL_SAMPLES),
+        (samples({}), Reason.NO_SAMPLES),
+        (samples({"a": 80, "b": 60}, age=120), Reason.STALE_SAMPLES),
+        (
+            PodSamples(problems={("llm", "b"): Problem(Reason.INVALID_VALUE, "nan")}),
+            Reason.INVALID_VALUE,
+        ),
+        (Problem(Reason.PROMETHEUS_UNREACHABLE, "down"), Reason.PROMETHEUS_UNREACHABLE),
+    ],
+)
+def test_unknown_utilisation_keeps_the_reason(gpu: PodSamples | Problem, reason: Reason) -> None:
+    snap = snapshot(gpu=gpu, queue=samples({"a": 1, "b": 1}))
+    got = workload_signals(spec(), [pod("a"), pod("b")], snap, NOW)
+    assert got.signals.gpu_utilization is None
+    assert got.problems[0].reason == reason
+    assert got.problems[0].signal == "gpuUtilization"
+    assert got.signals.unknown_reasons and reason.value in got.signals.unknown_reasons[0]
+
+
+def test_custom_queue_replaces_server_default() -> None:
+    snap = snapshot(gpu=samples({"a": 50}), queue=samples({"a": 100}))
+    got = workload_signals(
+        spec(queueQuery="my_queue"), [pod("a")], snap, NOW, custom_queue=samples({"a": 2})
+    )
+    assert got.signals.queue_total == 2
+
+
+def test_no_ready_pods_is_not_a_problem_and_wake_problem_is() -> None:
+    snap = snapshot(gpu=samples({}), queue=samples({}))
+    got = workload_signals(
+        spec(), [pod("a", ready=False)], snap, NOW, wake=(None, Problem(Reason.QUERY_ERROR, "bad"))
+    )
+    assert got.signals.gpu_utilization is None and got.signals.queue_total is None
+    assert [p.signal for p in got.problems] == ["wakeQuery"]
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "matches"),
+    [
+        ("app=chat", {"app": "chat"}, True),
+        ("app=chat,tier=gpu", {"app": "chat"}, False),
+        ("app in (chat, code)", {"app": "code"}, True),
+        ("app notin (chat)", {"app": "chat"}, False),
+        ("app!=chat", {"app": "other"}, True),
+        ("app", {"app": "x"}, True),
+        ("!app", {"app": "x"}, False),
+        ("", {"app": "chat"}, False),
+    ],
+)
+def test_scale_selector(selector: str, labels: dict[str, str], matches: bool) -> None:
+    assert matches_selector(labels, selector) is matches
+
+
+def test_pod_info_reads_gpu_resource_readiness_and_oom() -> None:
+    body = {
+        "metadata": {"name": "p", "namespace": "llm", "labels": {"app": "chat"}},
+        "spec": {
+            "nodeName": "gpu-a",
+            "containers": [
+                {"name": "sidecar"},
+                {"name": "vllm", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}},
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {
+                    "name": "vllm",
+                    "restartCount": 3,
+                    "lastState": {"terminated": {"reason": "OOMKilled"}},
+                }
+            ],
+        },
+    }
+    info = pod_info(body)
+    assert info.gpu_resource == "nvidia.com/mig-1g.10gb" and info.gpu_container == "vllm"
+    assert info.is_mig and info.starting and not info.ready
+    assert info.oom_kills == 3
