@@ -11,6 +11,7 @@ import numpy as np
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
 from gpusizer.policy.replicas import History, ReplicaCounts, Signals, decide_replicas
 from gpusizer.sim.fleet import FleetView, IntArray
+from gpusizer.sim.trace import FloatArray
 
 HPA_SYNC_SECONDS = 15.0
 HPA_TOLERANCE = 0.1
@@ -172,7 +173,12 @@ def initial_replicas(rate: float, capacity_rps: float, utilization_percent: floa
     return max(1, math.ceil(rate / (capacity_rps * utilization_percent / 100.0) - 1e-9))
 
 
-def opening_rate(arrivals: np.ndarray[tuple[int], np.dtype[np.float64]], tick: float) -> float:
-    """Mean rate of the first minute."""
-    ticks = max(1, round(60.0 / tick))
-    return float(arrivals[:ticks].sum()) / (min(ticks, len(arrivals)) * tick)
+def opening_rate(arrivals: FloatArray, tick: float, horizon: float) -> float:
+    """The busiest minute's mean rate within the first `horizon` seconds.
+
+    The horizon is the start-up time plus a minute: no policy can change its ready capacity
+    before that, so starting every online policy warm for it scores control, not cold start."""
+    minute = max(1, round(60.0 / tick))
+    head = arrivals[: max(minute, round(horizon / tick))]
+    sums = np.convolve(head, np.ones(minute), mode="valid") if len(head) >= minute else head
+    return float(sums.max()) / (minute * tick)

@@ -94,7 +94,9 @@ def replay(
     rules = spec.replicas
     target_util = rules.target_gpu_utilization or 70.0
     start = initial_replicas(
-        opening_rate(arrivals, params.tick_seconds), params.capacity_rps, target_util
+        opening_rate(arrivals, params.tick_seconds, params.startup_seconds + 60.0),
+        params.capacity_rps,
+        target_util,
     )
     runs: dict[str, Run] = {}
     wanted = [*policies]
