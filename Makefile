@@ -32,8 +32,9 @@ lint: venv ## ruff (lint and format check) and mypy strict on the package
 	$(BIN)/mypy
 
 .PHONY: crds
-crds: venv ## Regenerate crds/ from the pydantic models
+crds: venv ## Regenerate crds/ and deploy/crd.yaml from the pydantic models
 	$(BIN)/gpusizer crds > crds/gpusizer.io_workloadsizings.yaml
+	cp crds/gpusizer.io_workloadsizings.yaml deploy/crd.yaml
 
 .PHONY: unit
 unit: venv ## Fast tests of the pure parts (policy, models, parsing)

@@ -290,7 +290,24 @@ async def reconcile(
             decision.message if decision.limited_by != Reason.NOT_LIMITED else "",
         ),
     ]
+    out_of_memory = _out_of_memory(owned)
+    if out_of_memory is not None:
+        conditions.append(out_of_memory)
     return finish(status, conditions)
+
+
+def _out_of_memory(pods: list[PodInfo]) -> ConditionState | None:
+    """Pods killed for lack of GPU memory: their slice is too small for the model."""
+    victims = [p for p in pods if p.oom_kills > 0 and not p.terminating]
+    if not victims:
+        return None
+    shown = ", ".join(f"{p.name} ({p.oom_kills}x on {p.gpu_resource})" for p in victims[:5])
+    return ConditionState(
+        ConditionType.RIGHT_SIZED,
+        False,
+        Reason.OUT_OF_MEMORY,
+        f"out of memory: {shown}; the model needs a slice with more GPU memory",
+    )
 
 
 def _was_false(conditions: Any, type_: ConditionType) -> bool:
@@ -370,6 +387,7 @@ _WARNINGS: dict[Reason, EventReason] = {
     Reason.CONFLICTING_AUTOSCALER: EventReason.CONFLICTING_AUTOSCALER,
     Reason.INVALID_SPEC: EventReason.INVALID_SPEC,
     Reason.SCALE_FAILED: EventReason.SCALE_FAILED,
+    Reason.OUT_OF_MEMORY: EventReason.OUT_OF_MEMORY,
 }
 
 

@@ -51,6 +51,7 @@ class Reason(StrEnum):
     AUTOSCALER_CHECK_FAILED = "AutoscalerCheckFailed"
     INVALID_SPEC = "InvalidSpec"
     SCALE_FAILED = "ScaleFailed"
+    OUT_OF_MEMORY = "OutOfMemory"
     IDLE = "Idle"
     ACTIVE = "Active"
 
@@ -66,3 +67,4 @@ class EventReason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     SCALE_FAILED = "ScaleFailed"
     PAUSED = "Paused"
+    OUT_OF_MEMORY = "OutOfMemory"

@@ -5,15 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from gpusizer.api.crd import crd, crd_yaml
 from gpusizer.api.v1alpha1 import ReplicasSpec
 
-CRD_FILE = Path(__file__).parents[2] / "crds" / "gpusizer.io_workloadsizings.yaml"
+REPO = Path(__file__).parents[2]
+CRD_COPIES = [REPO / "crds" / "gpusizer.io_workloadsizings.yaml", REPO / "deploy" / "crd.yaml"]
 
 
-def test_crd_file_matches_models() -> None:
-    assert CRD_FILE.read_text() == crd_yaml(), "crds/ is stale: run `make crds`"
+@pytest.mark.parametrize("path", CRD_COPIES, ids=lambda p: str(p.relative_to(REPO)))
+def test_crd_files_match_models(path: Path) -> None:
+    assert path.read_text() == crd_yaml(), f"{path} is stale: run `make crds`"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,3 @@
+"""Fixtures shared across test directories: the operator on the local cluster."""
+
+pytest_plugins = ["e2e.tests.operator_support"]

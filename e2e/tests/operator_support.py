@@ -1,0 +1,301 @@
+"""The real operator on the local cluster, under the shipped RBAC, and helpers to drive it.
+
+The operator runs as a host process (kwok pods execute nothing) with a token of the
+ServiceAccount that deploy/rbac.yaml binds, so any permission the manifests lack fails a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from e2e.tests.conftest import REPO, Cluster, wait_until
+from tests.support import free_port
+
+OPERATOR_NAMESPACE = "gpusizer-system"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
+    """A kubeconfig holding a token of the operator's ServiceAccount."""
+    token = cluster.kubectl(
+        "create", "token", "gpusizer", "-n", OPERATOR_NAMESPACE, "--duration=24h"
+    ).stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "local", "cluster": server}],
+                "users": [{"name": "gpusizer", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "gpusizer", "context": {"cluster": "local", "user": "gpusizer"}}
+                ],
+                "current-context": "gpusizer",
+            }
+        )
+    )
+    return path
+
+
+def install_manifests(cluster: Cluster) -> None:
+    """The CRD, namespace and RBAC exactly as users apply them from deploy/."""
+    deploy = REPO / "deploy"
+    for name in ("crd.yaml", "namespace.yaml", "rbac.yaml"):
+        cluster.kubectl("apply", "-f", str(deploy / name))
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/workloadsizings.gpusizer.io",
+    )
+
+
+@dataclass
+class Operator:
+    cluster: Cluster
+    kubeconfig: Path
+    workdir: Path
+    sync_period: float = 2.0
+    prometheus_url: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+    health_port: int = 0
+    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.starts += 1
+        log_path = self.workdir / f"operator-{self.starts}.log"
+        self.logs.append(log_path)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        command = [
+            str(REPO / ".venv" / "bin" / "gpusizer"),
+            "run",
+            "--prometheus-url",
+            self.prometheus_url or self.cluster.prometheus_url,
+            "--prometheus-timeout",
+            "3",
+            "--sync-period",
+            str(self.sync_period),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--health-address",
+            f"127.0.0.1:{self.health_port}",
+            "--log-format",
+            "plain",
+        ]
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        wait_until(self._healthy, timeout=60, what=f"operator /healthz (log: {log_path})")
+        self.cluster.register_scrape_target(
+            "gpusizer-operator", [f"127.0.0.1:{self.metrics_port}"], job="gpusizer"
+        )
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"operator exited: {self.log_tail()}")
+        try:
+            return requests.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).ok
+        except requests.RequestException:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, sig)
+        self.process.wait(timeout=30)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.logs:
+            return ""
+        return "\n".join(self.logs[-1].read_text(errors="replace").splitlines()[-lines:])
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The current value of one of the operator's own series (0 when absent)."""
+        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{"):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    install_manifests(cluster)
+    workdir = tmp_path_factory.mktemp("operator")
+    op = Operator(cluster, service_account_kubeconfig(cluster, workdir / "kubeconfig"), workdir)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+class Workloads:
+    """Inference Deployments and their WorkloadSizings in one namespace of their own."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        cluster.kubectl("create", "namespace", namespace)
+
+    def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(obj), check=check)
+
+    def deployment(
+        self,
+        name: str,
+        replicas: int = 1,
+        resource: str = "nvidia.com/gpu",
+        product: str = H100,
+        capacity_rps: float = 10,
+        memory_mib: int = 16000,
+        startup_seconds: float = 2,
+    ) -> None:
+        annotations = {
+            "gpusim.gpusizer.io/capacity-rps": str(capacity_rps),
+            "gpusim.gpusizer.io/memory-mib": str(memory_mib),
+            "gpusim.gpusizer.io/startup-seconds": str(startup_seconds),
+        }
+        self.apply(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": self.namespace, "annotations": annotations},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {
+                            "nodeSelector": {"nvidia.com/gpu.product": product},
+                            "tolerations": [{"operator": "Exists"}],
+                            "containers": [
+                                {
+                                    "name": "vllm",
+                                    "image": "vllm/vllm-openai:v0.11.0",
+                                    "resources": {"limits": {resource: 1}},
+                                }
+                            ],
+                        },
+                    },
+                },
+            }
+        )
+
+    def sizing(
+        self, name: str, spec: dict[str, Any], **metadata: Any
+    ) -> subprocess.CompletedProcess[str]:
+        obj = {
+            "apiVersion": "gpusizer.io/v1alpha1",
+            "kind": "WorkloadSizing",
+            "metadata": {"name": name, "namespace": self.namespace, **metadata},
+            "spec": spec,
+        }
+        return self.apply(obj, check=False)
+
+    def replicas(self, name: str) -> int:
+        scale = self.cluster.kubectl_json("get", "deployment", name, "-n", self.namespace)
+        return int(scale["spec"].get("replicas", 0))
+
+    def ready(self, name: str) -> int:
+        dep = self.cluster.kubectl_json("get", "deployment", name, "-n", self.namespace)
+        return int(dep.get("status", {}).get("readyReplicas", 0))
+
+    def status(self, name: str) -> dict[str, Any]:
+        obj = self.cluster.kubectl_json("get", "workloadsizing", name, "-n", self.namespace)
+        status: dict[str, Any] = obj.get("status") or {}
+        return status
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        for c in self.status(name).get("conditions", []):
+            if c["type"] == type_:
+                return dict(c)
+        return None
+
+    def wait_condition(
+        self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 90
+    ) -> dict[str, Any]:
+        def matches() -> dict[str, Any] | None:
+            c = self.condition(name, type_)
+            if c and c["status"] == status and (reason is None or c["reason"] == reason):
+                return c
+            return None
+
+        found: dict[str, Any] = wait_until(
+            matches, timeout=timeout, what=f"{name} {type_}={status} {reason or ''}"
+        )
+        return found
+
+    def event_reasons(self, name: str) -> list[str]:
+        events = self.cluster.kubectl_json(
+            "get", "events", "-n", self.namespace, "--field-selector", f"involvedObject.name={name}"
+        )
+        return [e.get("reason", "") for e in events.get("items", [])]
+
+    def load(self, name: str, rps: float) -> None:
+        r = requests.put(
+            f"{self.cluster.gpusim_url}/v1/workloads/{self.namespace}/{name}/load",
+            json={"requestsPerSecond": rps},
+            timeout=10,
+        )
+        r.raise_for_status()
+
+    def wait_replicas(self, name: str, predicate: Any, timeout: float, what: str) -> int:
+        def check() -> int | None:
+            n = self.replicas(name)
+            return n if predicate(n) else None
+
+        value: int = wait_until(check, timeout=timeout, what=f"{name}: {what}")
+        return value
+
+
+def stop_prometheus(cluster: Cluster) -> list[bytes]:
+    """Stop the cluster's Prometheus; returns its command line to start it again."""
+    pid = int((cluster.state_dir / "prometheus.pid").read_text().strip())
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: _gone(pid), 30, what="prometheus exit")
+    return command
+
+
+def start_prometheus(cluster: Cluster, command: list[bytes]) -> None:
+    log = (cluster.state_dir / "logs" / "prometheus.log").open("ab")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    (cluster.state_dir / "prometheus.pid").write_text(f"{proc.pid}\n")
+    wait_until(
+        lambda: requests.get(f"{cluster.prometheus_url}/-/ready", timeout=1).ok,
+        timeout=60,
+        what="prometheus ready again",
+    )
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True

@@ -1,0 +1,293 @@
+"""The real operator, on the real API server, reading the real Prometheus fed by the emulator.
+
+Timings are shortened through the spec (windows, idle time, sync period), never by sleeping:
+every wait polls for a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from e2e.tests.conftest import Cluster, wait_until
+from e2e.tests.operator_support import (
+    Operator,
+    Workloads,
+    start_prometheus,
+    stop_prometheus,
+)
+
+
+def sizing_spec(name: str, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "replicas": {
+            "min": 1,
+            "max": 8,
+            "targetGPUUtilization": 70,
+            "scaleUp": {
+                "stabilizationWindowSeconds": 0,
+                "maxReplicasPerStep": 8,
+                "periodSeconds": 2,
+            },
+            "scaleDown": {
+                "stabilizationWindowSeconds": 6,
+                "maxReplicasPerStep": 8,
+                "periodSeconds": 2,
+            },
+        },
+        "metrics": {"server": "vllm", "maxSampleAgeSeconds": 30},
+        "rightSizing": {"mode": "Off"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+@pytest.fixture
+def workloads(cluster: Cluster, request: pytest.FixtureRequest) -> Workloads:
+    namespace = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:50]
+    return Workloads(cluster, namespace)
+
+
+def test_invalid_specs_are_refused_by_the_api_server(workloads: Workloads) -> None:
+    cases = {
+        "replicas.min must be <= replicas.max": sizing_spec("x", replicas={"min": 5, "max": 2}),
+        "at least one scaling signal": sizing_spec(
+            "x", replicas={"min": 1, "max": 2, "targetGPUUtilization": None}
+        ),
+        "replicas.min: 0 requires scaleToZero.enabled": sizing_spec(
+            "x", replicas={"min": 0, "max": 2}
+        ),
+        "spec.replicas.targetGPUUtilization": sizing_spec(
+            "x", replicas={"targetGPUUtilization": 250}
+        ),
+        "spec.mode": sizing_spec("x", mode="Sometimes"),
+    }
+    for expected, spec in cases.items():
+        result = workloads.sizing("bad", spec)
+        assert result.returncode != 0, f"accepted a spec that should fail with {expected!r}"
+        assert expected in result.stderr, result.stderr
+
+
+def test_missing_target_is_a_condition_and_an_event(
+    operator: Operator, workloads: Workloads
+) -> None:
+    assert workloads.sizing("ghost", sizing_spec("no-such-deployment")).returncode == 0
+    condition = workloads.wait_condition("ghost", "Ready", "False", "TargetNotFound")
+    assert "no-such-deployment" in condition["message"]
+    wait_until(lambda: "TargetNotFound" in workloads.event_reasons("ghost"), 30, what="event")
+    assert operator.process is not None and operator.process.poll() is None
+
+
+def test_scale_up_under_load_then_down_after_the_window(
+    operator: Operator, workloads: Workloads
+) -> None:
+    workloads.deployment("chat", replicas=1, capacity_rps=10)
+    workloads.load("chat", 35)  # needs 35 / (10 x 0.7) = 5 replicas at the 70 % target
+    window = 30
+    spec = sizing_spec(
+        "chat",
+        replicas={
+            "scaleDown": {
+                "stabilizationWindowSeconds": window,
+                "maxReplicasPerStep": 8,
+                "periodSeconds": 2,
+            }
+        },
+    )
+    assert workloads.sizing("chat", spec).returncode == 0
+    up = workloads.wait_replicas("chat", lambda n: n >= 5, 180, "scaled up to >= 5")
+    assert up <= 8
+    wait_until(lambda: workloads.ready("chat") >= 5, 120, what="5 ready replicas")
+    status = workloads.status("chat")
+    assert status["desiredReplicas"] >= 5 and status["observation"]["gpuUtilization"] is not None
+    assert "Scaled" in workloads.event_reasons("chat")
+
+    dropped_at = time.time()
+    workloads.load("chat", 3)
+    workloads.wait_replicas("chat", lambda n: n < up, window + 120, "scaled down")
+    waited = time.time() - dropped_at
+    assert waited >= window, (
+        f"scaled down {waited:.0f}s after the drop, inside the {window}s window"
+    )
+    workloads.wait_replicas("chat", lambda n: n == 1, 120, "down to 1")
+
+
+def test_scale_to_zero_and_wake(operator: Operator, workloads: Workloads) -> None:
+    ns = workloads.namespace
+    workloads.deployment("idle", replicas=1)
+    workloads.load("idle", 0)
+    spec = sizing_spec(
+        "idle",
+        replicas={"min": 0},
+        scaleToZero={
+            "enabled": True,
+            "idleSeconds": 8,
+            "wakeQuery": f'sum(gateway_pending_requests{{namespace="{ns}",service="idle"}})',
+        },
+    )
+    assert workloads.sizing("idle", spec).returncode == 0
+    workloads.wait_replicas("idle", lambda n: n == 0, 120, "scaled to zero")
+    workloads.wait_condition("idle", "ScaledToZero", "True")
+
+    workloads.load("idle", 25)  # the gateway holds these: no replica is ready
+    woke = workloads.wait_replicas("idle", lambda n: n >= 1, 120, "woke")
+    assert woke >= 1
+    wait_until(lambda: "Woke" in workloads.event_reasons("idle"), 30, what="Woke event")
+    wait_until(lambda: workloads.ready("idle") >= 1, 60, what="a ready replica after waking")
+
+
+def test_recommend_mode_changes_nothing(operator: Operator, workloads: Workloads) -> None:
+    workloads.deployment("rec", replicas=1)
+    workloads.load("rec", 40)
+    assert workloads.sizing("rec", sizing_spec("rec", mode="Recommend")).returncode == 0
+    wait_until(
+        lambda: (workloads.status("rec").get("desiredReplicas") or 0) > 1,
+        120,
+        what="a recommendation above 1",
+    )
+    condition = workloads.wait_condition("rec", "Ready", "True", "RecommendOnly")
+    assert "would set" in condition["message"]
+    assert workloads.replicas("rec") == 1
+
+
+def test_pause_annotation_stops_changes(operator: Operator, workloads: Workloads) -> None:
+    workloads.deployment("paused", replicas=1)
+    workloads.load("paused", 40)
+    spec = sizing_spec("paused")
+    assert (
+        workloads.sizing("paused", spec, annotations={"gpusizer.io/paused": "true"}).returncode == 0
+    )
+    workloads.wait_condition("paused", "Ready", "True", "Paused")
+    wait_until(
+        lambda: (workloads.status("paused").get("desiredReplicas") or 0) > 1, 120, what="desire > 1"
+    )
+    assert workloads.replicas("paused") == 1
+
+
+def test_another_autoscaler_is_left_alone(operator: Operator, workloads: Workloads) -> None:
+    workloads.deployment("hpa", replicas=2)
+    workloads.apply(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "theirs", "namespace": workloads.namespace},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "hpa"},
+                "minReplicas": 2,
+                "maxReplicas": 4,
+                "metrics": [
+                    {
+                        "type": "Resource",
+                        "resource": {
+                            "name": "cpu",
+                            "target": {"type": "Utilization", "averageUtilization": 50},
+                        },
+                    }
+                ],
+            },
+        }
+    )
+    workloads.load("hpa", 0)
+    assert workloads.sizing("hpa", sizing_spec("hpa")).returncode == 0
+    condition = workloads.wait_condition("hpa", "Ready", "False", "ConflictingAutoscaler")
+    assert "HorizontalPodAutoscaler theirs" in condition["message"]
+    wait_until(lambda: "ConflictingAutoscaler" in workloads.event_reasons("hpa"), 30, what="event")
+    assert workloads.replicas("hpa") == 2
+
+
+def test_metrics_outage_never_scales_down(
+    operator: Operator, workloads: Workloads, cluster: Cluster
+) -> None:
+    name = "outage"
+    workloads.deployment(name, replicas=3)
+    workloads.load(name, 21)  # 3 replicas at 70 %: steady
+    assert workloads.sizing(name, sizing_spec(name)).returncode == 0
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+    wait_until(lambda: workloads.ready(name) == 3, 60, what="3 ready")
+
+    workloads.load(name, 0)  # would scale down to 1 if anyone believed an empty result
+    command = stop_prometheus(cluster)
+    try:
+        condition = workloads.wait_condition(name, "MetricsAvailable", "False", timeout=60)
+        assert condition["reason"] == "PrometheusUnreachable"
+        holds = operator.metric(
+            "gpusizer_decisions_total", name=name, reason="HoldingOnUnknownMetrics"
+        )
+        wait_until(
+            lambda: (
+                operator.metric(
+                    "gpusizer_decisions_total", name=name, reason="HoldingOnUnknownMetrics"
+                )
+                >= holds + 5
+            ),
+            60,
+            what="five more decisions while Prometheus is down",
+        )
+        assert workloads.replicas(name) == 3
+        assert "MetricsUnavailable" in workloads.event_reasons(name)
+    finally:
+        start_prometheus(cluster, command)
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+    workloads.wait_replicas(name, lambda n: n == 1, 120, "scaled down once metrics are back")
+
+
+def test_restart_inside_the_scale_down_window_does_not_scale_down_early(
+    operator: Operator, workloads: Workloads
+) -> None:
+    name = "restart"
+    window = 40
+    workloads.deployment(name, replicas=4)
+    workloads.load(name, 28)  # 4 x 7 rps: steady at 4
+    spec = sizing_spec(
+        name,
+        replicas={
+            "scaleDown": {
+                "stabilizationWindowSeconds": window,
+                "maxReplicasPerStep": 8,
+                "periodSeconds": 2,
+            }
+        },
+    )
+    assert workloads.sizing(name, spec).returncode == 0
+    wait_until(lambda: workloads.ready(name) == 4, 90, what="4 ready")
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+
+    workloads.load(name, 3)
+
+    def first_low_recommendation() -> float | None:
+        from gpusizer.report.status import parse_time
+
+        for rec in workloads.status(name).get("recommendations", []):
+            if rec["replicas"] < 4:
+                return parse_time(rec["time"])
+        return None
+
+    window_started: float = wait_until(first_low_recommendation, 90, what="a low recommendation")
+    operator.restart()
+    workloads.wait_replicas(name, lambda n: n < 4, window + 90, "scaled down after the window")
+    scaled_after = time.time() - window_started
+    assert scaled_after >= window - 1, (
+        f"scaled down {scaled_after:.0f}s into a {window}s window: the restart lost the history"
+    )
+    events = [r for r in workloads.event_reasons(name) if r == "Scaled"]
+    assert len(events) == 1, f"expected exactly one scale-down, got {events}"
+
+
+def test_too_small_mig_slice_is_reported_out_of_memory(
+    operator: Operator, workloads: Workloads
+) -> None:
+    workloads.deployment(
+        "oom", replicas=1, resource="nvidia.com/mig-1g.10gb", memory_mib=20000, startup_seconds=1
+    )
+    workloads.load("oom", 1)
+    assert workloads.sizing("oom", sizing_spec("oom")).returncode == 0
+    condition = workloads.wait_condition("oom", "RightSized", "False", "OutOfMemory", timeout=120)
+    assert "nvidia.com/mig-1g.10gb" in condition["message"]
+    wait_until(lambda: "OutOfMemory" in workloads.event_reasons("oom"), 30, what="OOM event")
