@@ -51,6 +51,7 @@ def start_cluster() -> Cluster:
 
 
 def workload_specs(namespace: str) -> dict[str, dict[str, object]]:
+    wake_query = f'sum(gateway_pending_requests{{namespace="{namespace}",service="code"}})'
     scale_down = {"stabilizationWindowSeconds": 45, "maxReplicasPerStep": 4, "periodSeconds": 15}
     return {
         "chat": {
@@ -70,7 +71,7 @@ def workload_specs(namespace: str) -> dict[str, dict[str, object]]:
             "scaleToZero": {
                 "enabled": True,
                 "idleSeconds": 30,
-                "wakeQuery": f'sum(gateway_pending_requests{{namespace="{namespace}",service="code"}})',
+                "wakeQuery": wake_query,
             },
             "rightSizing": {"mode": "Off"},
         },
