@@ -17,6 +17,7 @@ from e2e.gpusim.cluster import ClusterSnapshot, NodeInfo, PodInfo, gpu_limit
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+Lookup = Callable[[str], Obj | None]
 # The client would otherwise pick JSON Patch, the first type the API lists.
 STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -95,6 +96,70 @@ class _Informer:
                     return
 
 
+def pod_info(
+    obj: Obj, replicaset: Lookup, deployment: Lookup, first_running: Callable[[str], float]
+) -> PodInfo | None:
+    """A GPU pod as the emulator sees it; None for a pod without GPU limits."""
+    meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status", {})
+    for container in spec.get("containers", []):
+        found = gpu_limit((container.get("resources") or {}).get("limits") or {})
+        if found:
+            break
+    else:
+        return None
+    uid = meta["uid"]
+    phase = status.get("phase")
+    statuses = {s["name"]: s for s in status.get("containerStatuses") or []}
+    mine = statuses.get(container["name"], {})
+    running_since = _parse_time(((mine.get("state") or {}).get("running") or {}).get("startedAt"))
+    if phase == "Running" and running_since is None:
+        running_since = first_running(uid)
+    if phase != "Running":
+        running_since = None
+    conditions = {c["type"]: c.get("status") for c in status.get("conditions") or []}
+    workload, owner_annotations = workload_of(obj, replicaset, deployment)
+    return PodInfo(
+        uid=uid,
+        namespace=meta["namespace"],
+        name=meta["name"],
+        node=spec.get("nodeName"),
+        workload=workload,
+        container=container["name"],
+        resource=found[0],
+        count=found[1],
+        running_since=running_since,
+        ready=conditions.get("Ready") == "True",
+        restart_count=int(mine.get("restartCount") or 0),
+        terminating=bool(meta.get("deletionTimestamp")) or phase in ("Succeeded", "Failed"),
+        annotations={**(meta.get("annotations") or {}), **owner_annotations},
+    )
+
+
+def workload_of(
+    pod: Obj, replicaset: Lookup, deployment: Lookup
+) -> tuple[tuple[str, str], Mapping[str, str]]:
+    """Pod -> ReplicaSet -> Deployment; a pod without one is its own workload."""
+    meta = pod["metadata"]
+    namespace = meta["namespace"]
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    if owner is None:
+        return (namespace, meta["name"]), {}
+    if owner["kind"] != "ReplicaSet":
+        return (namespace, owner["name"]), {}
+    owning_rs = replicaset(f"{namespace}/{owner['name']}")
+    rs_owners = (owning_rs or {}).get("metadata", {}).get("ownerReferences") or []
+    owner_ref = next((o for o in rs_owners if o.get("kind") == "Deployment"), None)
+    if owner_ref is None:
+        template_hash = (meta.get("labels") or {}).get("pod-template-hash", "")
+        if owning_rs is None and template_hash:
+            # The ReplicaSet is not cached yet: the Deployment controller's naming rule.
+            return (namespace, owner["name"].removesuffix(f"-{template_hash}")), {}
+        return (namespace, owner["name"]), {}
+    found = deployment(f"{namespace}/{owner_ref['name']}")
+    annotations = (found or {}).get("metadata", {}).get("annotations") or {}
+    return (namespace, owner_ref["name"]), annotations
+
+
 class KubeCluster:
     """ClusterSource for the simulator and MigNodeClient for the MIG manager, on one cache."""
 
@@ -130,68 +195,23 @@ class KubeCluster:
 
     # ClusterSource
 
+    def _first_seen_running(self, uid: str) -> float:
+        return self._first_running.setdefault(uid, time.time())
+
     def snapshot(self) -> ClusterSnapshot:
-        pods = [p for p in (self._pod_info(o) for o in self._informers["pods"].items()) if p]
+        replicasets, deployments = self._informers["replicasets"], self._informers["deployments"]
+        objs = self._informers["pods"].items()
+        live = {o["metadata"]["uid"] for o in objs}
+        self._first_running = {k: v for k, v in self._first_running.items() if k in live}
+        pods = [
+            p
+            for p in (
+                pod_info(o, replicasets.get, deployments.get, self._first_seen_running)
+                for o in objs
+            )
+            if p
+        ]
         return ClusterSnapshot(pods=pods, nodes={n.name: n for n in self.nodes()})
-
-    def _pod_info(self, obj: Obj) -> PodInfo | None:
-        meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status", {})
-        for container in spec.get("containers", []):
-            found = gpu_limit((container.get("resources") or {}).get("limits") or {})
-            if found:
-                break
-        else:
-            return None
-        uid = meta["uid"]
-        phase = status.get("phase")
-        statuses = {s["name"]: s for s in status.get("containerStatuses") or []}
-        mine = statuses.get(container["name"], {})
-        running_since = _parse_time(
-            ((mine.get("state") or {}).get("running") or {}).get("startedAt")
-        )
-        if phase == "Running" and running_since is None:
-            running_since = self._first_running.setdefault(uid, time.time())
-        if phase != "Running":
-            running_since = None
-        conditions = {c["type"]: c.get("status") for c in status.get("conditions") or []}
-        workload, owner_annotations = self._workload(obj)
-        return PodInfo(
-            uid=uid,
-            namespace=meta["namespace"],
-            name=meta["name"],
-            node=spec.get("nodeName"),
-            workload=workload,
-            container=container["name"],
-            resource=found[0],
-            count=found[1],
-            running_since=running_since,
-            ready=conditions.get("Ready") == "True",
-            restart_count=int(mine.get("restartCount") or 0),
-            terminating=bool(meta.get("deletionTimestamp")) or phase in ("Succeeded", "Failed"),
-            annotations={**(meta.get("annotations") or {}), **owner_annotations},
-        )
-
-    def _workload(self, pod: Obj) -> tuple[tuple[str, str], Mapping[str, str]]:
-        """Pod -> ReplicaSet -> Deployment; a pod without one is its own workload."""
-        meta = pod["metadata"]
-        namespace = meta["namespace"]
-        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-        if owner is None:
-            return (namespace, meta["name"]), {}
-        if owner["kind"] != "ReplicaSet":
-            return (namespace, owner["name"]), {}
-        replicaset = self._informers["replicasets"].get(f"{namespace}/{owner['name']}")
-        rs_owners = (replicaset or {}).get("metadata", {}).get("ownerReferences") or []
-        deployment = next((o for o in rs_owners if o.get("kind") == "Deployment"), None)
-        if deployment is None:
-            template_hash = (meta.get("labels") or {}).get("pod-template-hash", "")
-            if replicaset is None and template_hash:
-                # The ReplicaSet is not cached yet: the Deployment controller's naming rule.
-                return (namespace, owner["name"].removesuffix(f"-{template_hash}")), {}
-            return (namespace, owner["name"]), {}
-        found = self._informers["deployments"].get(f"{namespace}/{deployment['name']}")
-        annotations = (found or {}).get("metadata", {}).get("annotations") or {}
-        return (namespace, deployment["name"]), annotations
 
     def mark_ready(self, pod: PodInfo) -> None:
         current = self._informers["pods"].get(f"{pod.namespace}/{pod.name}")
