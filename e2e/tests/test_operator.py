@@ -262,7 +262,7 @@ def test_restart_inside_the_scale_down_window_does_not_scale_down_early(
     workloads.load(name, 3)
 
     def first_low_recommendation() -> float | None:
-        from gpusizer.report.status import parse_time
+        from gpusizer.timefmt import parse_time
 
         for rec in workloads.status(name).get("recommendations", []):
             if rec["replicas"] < 4:

@@ -48,6 +48,42 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="CA bundle to verify Prometheus' TLS certificate [GPUSIZER_PROMETHEUS_CA_FILE]",
     )
     p.add_argument(
+        "--prometheus-basic-auth-user",
+        default=_env("PROMETHEUS_BASIC_AUTH_USER"),
+        help="user for HTTP basic auth to Prometheus [GPUSIZER_PROMETHEUS_BASIC_AUTH_USER]",
+    )
+    p.add_argument(
+        "--prometheus-basic-auth-password-file",
+        default=_env("PROMETHEUS_BASIC_AUTH_PASSWORD_FILE"),
+        help="file holding the basic auth password [GPUSIZER_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE]",
+    )
+    p.add_argument(
+        "--catalog-file",
+        default=_env("CATALOG_FILE"),
+        help="YAML overriding the GPU catalog (prices, products, throughput weights) "
+        "[GPUSIZER_CATALOG_FILE]",
+    )
+    p.add_argument(
+        "--rightsizing-period",
+        type=float,
+        default=float(_env("RIGHTSIZING_PERIOD", "60") or 60),
+        help="seconds between the history queries of right-sizing [GPUSIZER_RIGHTSIZING_PERIOD]",
+    )
+    p.add_argument(
+        "--reshape-deadline",
+        type=float,
+        default=float(_env("RESHAPE_DEADLINE", "600") or 600),
+        help="seconds a slice change may take to become ready before it is rolled back "
+        "[GPUSIZER_RESHAPE_DEADLINE]",
+    )
+    p.add_argument(
+        "--reshape-min-interval",
+        type=float,
+        default=float(_env("RESHAPE_MIN_INTERVAL", "3600") or 3600),
+        help="fewest seconds between two slice changes of one workload "
+        "[GPUSIZER_RESHAPE_MIN_INTERVAL]",
+    )
+    p.add_argument(
         "--sync-period",
         type=float,
         default=float(_env("SYNC_PERIOD", "15") or 15),
@@ -104,16 +140,32 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    basic_auth = None
+    if args.prometheus_basic_auth_user:
+        if not args.prometheus_basic_auth_password_file:
+            print(
+                "gpusizer run: --prometheus-basic-auth-user needs "
+                "--prometheus-basic-auth-password-file",
+                file=sys.stderr,
+            )
+            return 2
+        with open(args.prometheus_basic_auth_password_file, encoding="utf-8") as f:
+            basic_auth = (args.prometheus_basic_auth_user, f.read().strip())
     settings = handlers.OperatorSettings(
         prometheus=PrometheusSettings(
             url=args.prometheus_url.rstrip("/"),
             timeout_seconds=args.prometheus_timeout,
             bearer_token_file=args.prometheus_bearer_token_file,
             ca_file=args.prometheus_ca_file,
+            basic_auth=basic_auth,
         ),
         sync_period_seconds=args.sync_period,
         metrics_port=args.metrics_port,
         peering=args.peering,
+        catalog_file=args.catalog_file,
+        rightsizing_period_seconds=args.rightsizing_period,
+        reshape_deadline_seconds=args.reshape_deadline,
+        min_reshape_interval_seconds=args.reshape_min_interval,
     )
     kopf.configure(
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,

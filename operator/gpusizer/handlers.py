@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -17,9 +18,13 @@ from prometheus_client import start_http_server
 
 from gpusizer.actuate.targets import Targets
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
-from gpusizer.reconcile import CycleCache, Dependencies, reconcile
+from gpusizer.catalog import load_catalog
+from gpusizer.reconcile import ClusterView, CycleCache, Dependencies, reconcile
 from gpusizer.report import metrics
+from gpusizer.rightsizing import RightSizingSettings
 from gpusizer.signals.autoscalers import AutoscalerLister
+from gpusizer.signals.discovery import NodeInfo, OfferCache, node_info
+from gpusizer.signals.history import HistoryCache
 from gpusizer.signals.pods import PodInfo, pod_info
 from gpusizer.signals.source import PrometheusSettings, PrometheusSource
 
@@ -32,6 +37,10 @@ class OperatorSettings:
     sync_period_seconds: float = 15.0
     metrics_port: int = 8080
     peering: str | None = None  # a kopf peering name; None runs standalone
+    catalog_file: str | None = None
+    rightsizing_period_seconds: float = 60.0
+    reshape_deadline_seconds: float = 600.0
+    min_reshape_interval_seconds: float = 3600.0
 
 
 def _api_client() -> k8s.ApiClient:
@@ -55,11 +64,19 @@ def register(settings: OperatorSettings) -> None:
             settings.peering.standalone = True
         api_client = _api_client()
         prometheus = PrometheusSource(config.prometheus)
+        catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
         memo.deps = Dependencies(
             prometheus=prometheus,
             targets=Targets(api_client),
             cycles=CycleCache(
                 prometheus, AutoscalerLister(api_client).list, config.sync_period_seconds
+            ),
+            rightsizing=RightSizingSettings(
+                catalog=catalog,
+                history=HistoryCache(prometheus, config.rightsizing_period_seconds),
+                offers=OfferCache(catalog, config.sync_period_seconds),
+                reshape_deadline_seconds=config.reshape_deadline_seconds,
+                min_reshape_interval_seconds=config.min_reshape_interval_seconds,
             ),
         )
         start_http_server(config.metrics_port)
@@ -80,6 +97,11 @@ def register(settings: OperatorSettings) -> None:
     ) -> dict[str, PodInfo]:
         return {namespace or "": pod_info(body)}
 
+    @kopf.index("", "v1", "nodes")
+    def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
+        info = node_info(body)
+        return {name: info} if info.allocatable else None
+
     @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.sync_period_seconds, sharp=True)
     async def size_workload(
         *,
@@ -94,6 +116,11 @@ def register(settings: OperatorSettings) -> None:
         **kwargs: Any,
     ) -> None:
         pods_by_namespace: kopf.Index[str, PodInfo] = kwargs["pods_by_namespace"]
+        nodes_index: kopf.Index[str, NodeInfo] = kwargs["gpu_nodes"]
+        view = ClusterView(
+            pods_by_namespace=pods_by_namespace,
+            nodes={n: info for n, store in nodes_index.items() for info in store},
+        )
         assert namespace is not None  # WorkloadSizing is namespaced
         try:
             outcome = await reconcile(
@@ -103,7 +130,7 @@ def register(settings: OperatorSettings) -> None:
                 dict(status),
                 dict(meta.annotations),
                 meta.get("generation"),
-                list(pods_by_namespace.get(namespace, [])),
+                view,
                 memo.deps,
             )
         except Exception:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -25,31 +25,27 @@ from gpusizer.actuate.targets import (
 from gpusizer.api.v1alpha1 import Mode, Server, WorkloadSizingSpec
 from gpusizer.policy.replicas import ReplicaCounts, ReplicaDecision, decide_replicas
 from gpusizer.report import metrics
+from gpusizer.report.events import EventIntent
 from gpusizer.report.status import (
     ConditionState,
     flipped,
     history_from_status,
     history_to_status,
-    iso,
     merge_conditions,
     status_patch,
 )
+from gpusizer.rightsizing import RightSizingOutcome, RightSizingSettings, right_size
 from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.join import WorkloadSignals, workload_signals
 from gpusizer.signals.pods import PodInfo, matches_selector
 from gpusizer.signals.source import PrometheusSource, Snapshot
+from gpusizer.timefmt import iso
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
 log = logging.getLogger(__name__)
 
 PAUSE_ANNOTATION = "gpusizer.io/paused"
-
-
-@dataclass(frozen=True)
-class EventIntent:
-    type: Literal["Normal", "Warning"]
-    reason: EventReason
-    message: str
 
 
 @dataclass
@@ -118,6 +114,22 @@ class Dependencies:
     prometheus: PrometheusSource
     targets: Targets
     cycles: CycleCache
+    rightsizing: RightSizingSettings
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the watches show: pods by namespace and GPU nodes by name."""
+
+    pods_by_namespace: Mapping[str, Iterable[PodInfo]]
+    nodes: Mapping[str, NodeInfo]
+
+    def pods(self, namespace: str) -> Iterable[PodInfo]:
+        return self.pods_by_namespace.get(namespace, ())
+
+    def all_pods(self) -> Iterable[PodInfo]:
+        for pods in self.pods_by_namespace.values():
+            yield from pods
 
 
 def _spec_error(error: ValidationError) -> str:
@@ -135,7 +147,7 @@ async def reconcile(
     status_raw: Mapping[str, Any] | None,
     annotations: Mapping[str, str],
     generation: int | None,
-    pods: Iterable[PodInfo],
+    view: ClusterView,
     deps: Dependencies,
     now: float | None = None,
 ) -> Outcome:
@@ -211,9 +223,7 @@ async def reconcile(
             [ConditionState(ConditionType.READY, False, Reason.CONFLICTING_AUTOSCALER, message)],
         )
 
-    owned = [
-        p for p in pods if p.namespace == namespace and matches_selector(p.labels, target.selector)
-    ]
+    owned = [p for p in view.pods(namespace) if matches_selector(p.labels, target.selector)]
     signals = await _workload_signals(spec, owned, cycle.snapshot, deps.prometheus, now)
     counts = ReplicaCounts(
         current=target.replicas,
@@ -228,6 +238,21 @@ async def reconcile(
     metrics.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_known else 0)
 
     paused_by = _paused_by(annotations, target)
+    sizing = RightSizingOutcome()
+    if spec.right_sizing.mode != Mode.OFF:
+        sizing = await right_size(
+            spec,
+            namespace,
+            target,
+            owned,
+            view.all_pods,
+            view.nodes,
+            deps.rightsizing,
+            deps.targets,
+            may_act=spec.mode == Mode.AUTO and paused_by is None,
+            now=now,
+        )
+        events.extend(sizing.events)
     history = decision.history
     current = target.replicas
     last_scale_time = (status_raw or {}).get("lastScaleTime")
@@ -248,6 +273,13 @@ async def reconcile(
         )
         if flipped(old_conditions, ConditionType.READY, True, Reason.PAUSED):
             events.append(EventIntent("Normal", EventReason.PAUSED, ready_state.message))
+    elif sizing.reshaping:
+        ready_state = ConditionState(
+            ConditionType.READY,
+            True,
+            Reason.RESHAPING,
+            f"replicas wait for the slice change to roll out (would set {decision.desired})",
+        )
     elif decision.desired != target.replicas:
         try:
             await deps.targets.write(namespace, spec.target_ref, target.replicas, decision.desired)
@@ -272,6 +304,8 @@ async def reconcile(
         "lastScaleTime": last_scale_time,
         **history_to_status(history),
     }
+    if sizing.recommendation is not None:
+        status["recommendation"] = sizing.recommendation
     conditions = [
         ready_state,
         _metrics_condition(signals, decision),
@@ -290,9 +324,9 @@ async def reconcile(
             decision.message if decision.limited_by != Reason.NOT_LIMITED else "",
         ),
     ]
-    out_of_memory = _out_of_memory(owned)
-    if out_of_memory is not None:
-        conditions.append(out_of_memory)
+    sized = sizing.condition or _out_of_memory(owned)
+    if sized is not None:
+        conditions.append(sized)
     return finish(status, conditions)
 
 

@@ -54,6 +54,18 @@ class Reason(StrEnum):
     OUT_OF_MEMORY = "OutOfMemory"
     IDLE = "Idle"
     ACTIVE = "Active"
+    # right-sizing
+    RIGHT_SIZED = "RightSized"
+    CHEAPER_SLICE = "CheaperSlice"
+    SAVING_TOO_SMALL = "SavingTooSmall"
+    NO_MEASUREMENT = "NoMeasurement"
+    NO_FITTING_SLICE = "NoFittingSlice"
+    NO_FREE_CAPACITY = "NoFreeCapacity"
+    LOW_CONFIDENCE = "LowConfidence"
+    TOO_SOON = "TooSoon"
+    UNKNOWN_SLICE = "UnknownSlice"
+    RESHAPING = "Reshaping"
+    RESHAPE_ROLLED_BACK = "ReshapeRolledBack"
 
 
 class EventReason(StrEnum):
@@ -68,3 +80,6 @@ class EventReason(StrEnum):
     SCALE_FAILED = "ScaleFailed"
     PAUSED = "Paused"
     OUT_OF_MEMORY = "OutOfMemory"
+    RESHAPE_STARTED = "ReshapeStarted"
+    RESHAPED = "Reshaped"
+    RESHAPE_ROLLED_BACK = "ReshapeRolledBack"

@@ -20,6 +20,7 @@ from kubernetes.dynamic.exceptions import (
 )
 
 from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.catalog.models import PRODUCT_LABEL
 
 
 class TargetProblem(Exception):
@@ -45,6 +46,20 @@ class TargetView:
     resource_version: str
     annotations: Mapping[str, str] = field(default_factory=dict)
     generation: int | None = None
+    pod_spec: Mapping[str, Any] | None = None  # spec.template.spec, where the kind has one
+
+
+@dataclass(frozen=True)
+class SliceChange:
+    """A pod template change that moves a workload to another slice."""
+
+    container: str
+    old_resource: str
+    new_resource: str
+    count: int
+    product_label: str
+    replicas: int
+    annotations: Mapping[str, str]
 
 
 class Targets:
@@ -84,6 +99,7 @@ class Targets:
             resource_version=str((scale.get("metadata") or {}).get("resourceVersion") or ""),
             annotations=dict(meta.get("annotations") or {}),
             generation=meta.get("generation"),
+            pod_spec=((obj.get("spec") or {}).get("template") or {}).get("spec"),
         )
 
     async def read(self, namespace: str, ref: TargetRef) -> TargetView:
@@ -124,3 +140,57 @@ class Targets:
     async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
         """Set replicas, re-reading first: a change made since our read wins over our decision."""
         await asyncio.to_thread(self._write, namespace, ref, expected, replicas)
+
+    def _reshape(self, namespace: str, ref: TargetRef, change: SliceChange) -> None:
+        resource, _ = self._resource(ref)
+        limits: dict[str, Any] = {change.new_resource: change.count}
+        if change.old_resource != change.new_resource:
+            limits[change.old_resource] = None  # strategic merge: null deletes the key
+        body = {
+            "metadata": {"annotations": dict(change.annotations)},
+            "spec": {
+                "replicas": change.replicas,
+                "template": {
+                    "spec": {
+                        "nodeSelector": {PRODUCT_LABEL: change.product_label},
+                        "containers": [
+                            {
+                                "name": change.container,
+                                "resources": {"limits": limits, "requests": limits},
+                            }
+                        ],
+                    }
+                },
+            },
+        }
+        try:
+            resource.patch(
+                body=body,
+                name=ref.name,
+                namespace=namespace,
+                content_type="application/strategic-merge-patch+json",
+            )
+        except NotFoundError as exc:
+            raise TargetNotFound(f"{ref.kind} {namespace}/{ref.name} disappeared") from exc
+        except ApiException as exc:
+            raise TargetProblem(
+                f"changing the slice of {ref.kind} {namespace}/{ref.name}: {exc.reason}"
+            ) from exc
+
+    async def reshape(self, namespace: str, ref: TargetRef, change: SliceChange) -> None:
+        """Move the pod template to another slice and set replicas for it, in one change."""
+        await asyncio.to_thread(self._reshape, namespace, ref, change)
+
+    def _annotate(self, namespace: str, ref: TargetRef, annotations: Mapping[str, str]) -> None:
+        resource, _ = self._resource(ref)
+        resource.patch(
+            body={"metadata": {"annotations": dict(annotations)}},
+            name=ref.name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+        )
+
+    async def annotate(
+        self, namespace: str, ref: TargetRef, annotations: Mapping[str, str]
+    ) -> None:
+        await asyncio.to_thread(self._annotate, namespace, ref, annotations)

@@ -5,29 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gpusizer.policy.replicas import History, ScaleEventRecord
+from gpusizer.timefmt import iso, parse_time
 from gpusizer.vocabulary import ConditionType, Reason
-
-
-def iso(seconds: float) -> str:
-    return (
-        datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    )
-
-
-def parse_time(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
 
 
 def history_from_status(status: Mapping[str, Any] | None) -> History:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpusizer.timefmt import parse_time
+
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -23,6 +25,9 @@ class PodInfo:
     gpu_resource: str | None  # nvidia.com/gpu or nvidia.com/mig-<profile> of the GPU container
     gpu_container: str | None
     oom_kills: int  # containers whose last termination was OOMKilled, counted by restarts
+    gpu_count: int = 1  # units of gpu_resource the pod holds
+    created: float | None = None  # creation time, seconds since the epoch
+    unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
 
     @property
     def starting(self) -> bool:
@@ -34,12 +39,16 @@ class PodInfo:
         return bool(self.gpu_resource and self.gpu_resource.startswith(MIG_RESOURCE_PREFIX))
 
 
-def _gpu_resource(container: Mapping[str, Any]) -> str | None:
+def _gpu_resource(container: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The GPU resource a container asks for, and how many units."""
     resources = container.get("resources") or {}
     for section in ("limits", "requests"):
-        for name in resources.get(section) or {}:
+        for name, amount in (resources.get(section) or {}).items():
             if isinstance(name, str) and name.startswith(GPU_RESOURCE_PREFIX):
-                return name
+                try:
+                    return name, max(1, int(str(amount)))
+                except ValueError:
+                    return name, 1
     return None
 
 
@@ -48,17 +57,27 @@ def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    gpu_resource = None
+    gpu_resource: tuple[str, int] | None = None
     gpu_container = None
     for c in spec.get("containers") or []:
         if container is not None and c.get("name") != container:
             continue
-        resource = _gpu_resource(c)
-        if resource is not None or container is not None:
-            gpu_resource, gpu_container = resource, c.get("name")
+        gpu_resource = _gpu_resource(c)
+        if gpu_resource is not None or container is not None:
+            gpu_container = c.get("name")
             break
     conditions = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    unschedulable = next(
+        (
+            str(c.get("message") or "unschedulable")
+            for c in conditions
+            if c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ),
+        None,
+    )
     oom_kills = 0
     for cs in status.get("containerStatuses") or []:
         terminated = (cs.get("lastState") or {}).get("terminated") or {}
@@ -72,9 +91,12 @@ def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
         ready=ready,
         terminating=meta.get("deletionTimestamp") is not None,
         phase=str(status.get("phase") or "Pending"),
-        gpu_resource=gpu_resource,
+        gpu_resource=gpu_resource[0] if gpu_resource else None,
         gpu_container=gpu_container,
         oom_kills=oom_kills,
+        gpu_count=gpu_resource[1] if gpu_resource else 0,
+        created=parse_time(meta.get("creationTimestamp")),
+        unschedulable=unschedulable,
     )
 
 

@@ -113,8 +113,13 @@ class PrometheusSource:
         log.warning("prometheus query for %s failed (%s): %s", signal, reason.value, message)
         return Problem(reason, message)
 
-    async def per_pod(self, promql: str, signal: str, scale: float, combine: str) -> PodSamples:
-        result, problem = await self.query(with_timestamps(promql), signal)
+    async def per_pod(
+        self, promql: str, signal: str, scale: float, combine: str, timestamps: bool = True
+    ) -> PodSamples:
+        """Samples per pod; with `timestamps`, each sample's own time rides along."""
+        result, problem = await self.query(
+            with_timestamps(promql) if timestamps else promql, signal
+        )
         if problem is not None:
             raise SignalFailed(problem)
         return per_pod(result, scale=scale, combine=combine, now=time.time())
