@@ -143,8 +143,17 @@ def choose_slice(
     out_of_memory = usage.oom_kills > 0
     on_current = next((c for c in options if c.slice == current), None)
     baseline = on_current.cost_per_hour if on_current and on_current.fits else None
+
+    def saving(c: Candidate) -> float:
+        return 1 - c.cost_per_hour / baseline if baseline else 1.0
+
     basis = _basis(usage, need)
-    if not placeable:
+    best = placeable[0] if placeable else None
+    if (
+        (best is None or best.slice == current)
+        and best_anywhere.slice != current
+        and (out_of_memory or saving(best_anywhere) * 100 >= spec.min_savings_percent)
+    ):
         return SliceChoice(
             best_anywhere,
             current_cost,
@@ -153,29 +162,28 @@ def choose_slice(
             f"{_describe(best_anywhere)} would fit but the cluster has only "
             f"{best_anywhere.free} free; staying on {current.name}. {basis}",
         )
-    best = placeable[0]
-    if best.slice == current:
+    if best is None or best.slice == current:
         return SliceChoice(
-            best,
+            on_current or best,
             current_cost,
             False,
             Reason.RIGHT_SIZED,
             f"{current.name} is the cheapest fitting slice. {basis}",
         )
-    if best_anywhere.slice != best.slice and best_anywhere.slice != current:
+    if best_anywhere.slice != best.slice:
         basis += f" ({_describe(best_anywhere)} would be cheaper but has no free room)"
-    saving = 1 - best.cost_per_hour / baseline if baseline else 1.0
-    if not out_of_memory and saving * 100 < spec.min_savings_percent:
+    saving_now = saving(best)
+    if not out_of_memory and saving_now * 100 < spec.min_savings_percent:
         return SliceChoice(
             best,
             current_cost,
             False,
             Reason.SAVING_TOO_SMALL,
-            f"{_describe(best)} saves {saving:.0%}, under minSavingsPercent "
+            f"{_describe(best)} saves {saving_now:.0%}, under minSavingsPercent "
             f"{spec.min_savings_percent:g}. {basis}",
         )
     reason = Reason.OUT_OF_MEMORY if out_of_memory else Reason.CHEAPER_SLICE
-    why = "out of memory on " + current.name if out_of_memory else f"saves {saving:.0%}"
+    why = "out of memory on " + current.name if out_of_memory else f"saves {saving_now:.0%}"
     message = f"move to {_describe(best)}: {why}. {basis}"
     if usage.coverage < MIN_COVERAGE and not out_of_memory:
         return SliceChoice(
