@@ -211,6 +211,57 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     p.set_defaults(func=command.run)
 
 
+def _add_recommend(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "recommend",
+        help="report every GPU workload's slice, use and the cheaper slice it should run on",
+        description="For every GPU workload in the cluster (with or without a WorkloadSizing): "
+        "the current slice, measured peak memory and utilisation, the recommended slice and the "
+        "monthly cost now and after. Uses KUBECONFIG (or in-cluster) and Prometheus.",
+    )
+    p.add_argument(
+        "--prometheus-url",
+        default=_env("PROMETHEUS_URL"),
+        help="Prometheus base URL [GPUSIZER_PROMETHEUS_URL]",
+    )
+    p.add_argument(
+        "--history-seconds",
+        type=int,
+        default=3600,
+        help="window of measured use for workloads without a WorkloadSizing (default 3600)",
+    )
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument(
+        "--catalog-file",
+        default=_env("CATALOG_FILE"),
+        help="YAML overriding the GPU catalog [GPUSIZER_CATALOG_FILE]",
+    )
+    p.set_defaults(func=_recommend)
+
+
+def _recommend(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpusizer.catalog import load_catalog
+    from gpusizer.handlers import api_client
+    from gpusizer.report.fleet import fleet_report, render_json, render_table
+    from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+
+    if not args.prometheus_url:
+        print("gpusizer recommend: --prometheus-url is required", file=sys.stderr)
+        return 2
+    rows = asyncio.run(
+        fleet_report(
+            api_client(),
+            PrometheusSource(PrometheusSettings(url=args.prometheus_url.rstrip("/"))),
+            load_catalog(Path(args.catalog_file) if args.catalog_file else None),
+            args.history_seconds,
+        )
+    )
+    print(render_json(rows) if args.format == "json" else render_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpusizer",
@@ -219,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_run(subparsers)
     _add_simulate(subparsers)
+    _add_recommend(subparsers)
     _add_crds(subparsers)
     return parser
 

@@ -43,7 +43,8 @@ class OperatorSettings:
     min_reshape_interval_seconds: float = 3600.0
 
 
-def _api_client() -> k8s.ApiClient:
+def api_client() -> k8s.ApiClient:
+    """Kubernetes access the usual way: in-cluster, else KUBECONFIG."""
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
@@ -62,14 +63,14 @@ def register(settings: OperatorSettings) -> None:
             settings.peering.mandatory = True
         else:
             settings.peering.standalone = True
-        api_client = _api_client()
+        client = api_client()
         prometheus = PrometheusSource(config.prometheus)
         catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
         memo.deps = Dependencies(
             prometheus=prometheus,
-            targets=Targets(api_client),
+            targets=Targets(client),
             cycles=CycleCache(
-                prometheus, AutoscalerLister(api_client).list, config.sync_period_seconds
+                prometheus, AutoscalerLister(client).list, config.sync_period_seconds
             ),
             rightsizing=RightSizingSettings(
                 catalog=catalog,

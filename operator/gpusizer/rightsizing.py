@@ -72,7 +72,10 @@ def _read_reshape(target: TargetView) -> dict[str, Any] | None:
 
 
 def current_slice(
-    catalog: Catalog, pods: Iterable[PodInfo], nodes: Mapping[str, NodeInfo], target: TargetView
+    catalog: Catalog,
+    pods: Iterable[PodInfo],
+    nodes: Mapping[str, NodeInfo],
+    target: TargetView | None,
 ) -> tuple[Slice | None, int]:
     """The slice the workload runs on (from a placed pod, else its template) and units/pod."""
     for pod in pods:
@@ -81,7 +84,7 @@ def current_slice(
             found = catalog.slice_for(pod.gpu_resource, node.product_label)
             if found is not None:
                 return found, max(1, pod.gpu_count)
-    spec = target.pod_spec or {}
+    spec = (target.pod_spec if target else None) or {}
     product = (spec.get("nodeSelector") or {}).get(PRODUCT_LABEL)
     for container in spec.get("containers") or []:
         limits = (container.get("resources") or {}).get("limits") or {}
