@@ -131,6 +131,11 @@ def decide_replicas(
     stepped = _step_limit(history.scale_events, rules, counts.current, desired, now)
     if stepped != desired:
         desired, limited = stepped, Reason.STEP_LIMIT
+    # The bounds are hard: a step limit shapes moves inside them, never keeps the workload out.
+    if desired > rules.maximum:
+        desired, limited = rules.maximum, Reason.AT_MAX
+    elif desired < floor:
+        desired, limited = floor, Reason.AT_MIN
 
     message = "; ".join(notes) if notes else "no signal proposes a change"
     if desired > counts.current:
@@ -140,7 +145,7 @@ def decide_replicas(
     elif missing:
         reason = Reason.HOLDING_ON_UNKNOWN_METRICS
         message += "; holding: never scale down on unknown metrics"
-    elif waiting and proposal > counts.current:
+    elif waiting:
         reason = Reason.WAITING_FOR_STARTING_REPLICAS
     else:
         reason = Reason.WITHIN_TOLERANCE
