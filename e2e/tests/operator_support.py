@@ -218,6 +218,14 @@ class Workloads:
         }
         return self.apply(obj, check=False)
 
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        items = self.cluster.kubectl_json("get", "pods", "-n", self.namespace, "-l", f"app={name}")
+        return [p for p in items["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def template(self, name: str) -> dict[str, Any]:
+        dep = self.cluster.kubectl_json("get", "deployment", name, "-n", self.namespace)
+        return dict(dep)
+
     def replicas(self, name: str) -> int:
         scale = self.cluster.kubectl_json("get", "deployment", name, "-n", self.namespace)
         return int(scale["spec"].get("replicas", 0))
@@ -299,3 +307,38 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
+
+
+def sizing_spec(name: str, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "replicas": {
+            "min": 1,
+            "max": 8,
+            "targetGPUUtilization": 70,
+            "scaleUp": {
+                "stabilizationWindowSeconds": 0,
+                "maxReplicasPerStep": 8,
+                "periodSeconds": 2,
+            },
+            "scaleDown": {
+                "stabilizationWindowSeconds": 6,
+                "maxReplicasPerStep": 8,
+                "periodSeconds": 2,
+            },
+        },
+        "metrics": {"server": "vllm", "maxSampleAgeSeconds": 30},
+        "rightSizing": {"mode": "Off"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+@pytest.fixture
+def workloads(cluster: Cluster, request: pytest.FixtureRequest) -> Workloads:
+    namespace = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:50]
+    return Workloads(cluster, namespace)

@@ -7,52 +7,15 @@ every wait polls for a condition with a deadline.
 from __future__ import annotations
 
 import time
-from typing import Any
-
-import pytest
 
 from e2e.tests.conftest import Cluster, wait_until
 from e2e.tests.operator_support import (
     Operator,
     Workloads,
+    sizing_spec,
     start_prometheus,
     stop_prometheus,
 )
-
-
-def sizing_spec(name: str, **overrides: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-        "replicas": {
-            "min": 1,
-            "max": 8,
-            "targetGPUUtilization": 70,
-            "scaleUp": {
-                "stabilizationWindowSeconds": 0,
-                "maxReplicasPerStep": 8,
-                "periodSeconds": 2,
-            },
-            "scaleDown": {
-                "stabilizationWindowSeconds": 6,
-                "maxReplicasPerStep": 8,
-                "periodSeconds": 2,
-            },
-        },
-        "metrics": {"server": "vllm", "maxSampleAgeSeconds": 30},
-        "rightSizing": {"mode": "Off"},
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
-            spec[key] = {**spec[key], **value}
-        else:
-            spec[key] = value
-    return spec
-
-
-@pytest.fixture
-def workloads(cluster: Cluster, request: pytest.FixtureRequest) -> Workloads:
-    namespace = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:50]
-    return Workloads(cluster, namespace)
 
 
 def test_invalid_specs_are_refused_by_the_api_server(workloads: Workloads) -> None:
