@@ -27,9 +27,11 @@ from gpusizer.sim.trace import Trace
 POLICIES = ("gpusizer", "hpa", "keda", "static", "optimal")
 
 # The simulator's default WorkloadSizing: the API defaults plus the targets a user must choose.
+# 85 % leaves 15 % headroom, enough for the smooth traces' growth over a 2 min start-up (see
+# docs/simulate.md for the sweep); 100 replicas is KEDA's default maxReplicaCount.
 DEFAULT_SPEC: dict[str, Any] = {
     "targetRef": {"name": "replayed"},
-    "replicas": {"min": 0, "max": 100, "targetGPUUtilization": 70, "targetQueuePerReplica": 4},
+    "replicas": {"min": 0, "max": 100, "targetGPUUtilization": 85, "targetQueuePerReplica": 4},
     "scaleToZero": {"enabled": True, "wakeQuery": "sum(gateway_pending_requests)"},
 }
 
