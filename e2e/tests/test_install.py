@@ -1,0 +1,412 @@
+"""Installing gpusizer the way users do, on the real API server: Helm and `kubectl apply -k`.
+
+Each install runs twice (idempotent), is checked object by object, and is uninstalled while a
+user's Deployment (with a WorkloadSizing pointing at it) runs in another namespace: the
+Deployment must come out untouched, replicas included. kwok pods execute nothing, so the
+operator's pod becomes Running without running the operator (the operator itself is tested as
+a host process in test_operator.py); what this proves is the objects, the Pod Security
+admission of the pod, and the RBAC, against the real API server.
+
+The kubectl install uses the fixed names the operator tests use (gpusizer-system/gpusizer), so
+its uninstall would pull the ServiceAccount from under a running operator fixture: it refuses
+to run then (run this module alone or before test_operator.py, as `pytest e2e/tests` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from e2e.tests.conftest import REPO, Cluster, wait_until
+
+CHART = REPO / "charts" / "gpusizer"
+DEPLOY = REPO / "deploy"
+OPERATOR_NAMESPACE = "gpusizer-system"
+OPERATOR_SA = f"system:serviceaccount:{OPERATOR_NAMESPACE}:gpusizer"
+CRD = "workloadsizings.gpusizer.io"
+USER_NAMESPACE = "install-user"
+
+
+def helm_binary() -> str:
+    cache = Path(os.environ.get("GPUSIZER_CACHE", Path.home() / ".cache" / "gpusizer"))
+    for candidate in (os.environ.get("GPUSIZER_HELM", ""), str(cache / "bin" / "helm")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("helm")
+    if found:
+        return found
+    pytest.fail(
+        "helm is not built: run scripts/install-helm.sh (it `go install`s helm v3.21.4 into "
+        "${GPUSIZER_CACHE:-~/.cache/gpusizer}/bin/helm), or set GPUSIZER_HELM"
+    )
+
+
+@dataclass
+class Helm:
+    cluster: Cluster
+    home: Path
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        result = subprocess.run(
+            [helm_binary(), "--kubeconfig", str(self.cluster.kubeconfig), *args],
+            text=True,
+            capture_output=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+
+@pytest.fixture(scope="module")
+def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(cluster, tmp_path_factory.mktemp("helm"))
+
+
+def get(cluster: Cluster, *args: str) -> dict[str, Any] | None:
+    result = cluster.kubectl("get", *args, "-o", "json", check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr or "not found" in result.stderr:
+            return None
+        raise AssertionError(result.stderr)
+    obj: dict[str, Any] = json.loads(result.stdout)
+    return obj
+
+
+def can_i(cluster: Cluster, user: str, *args: str) -> bool:
+    result = cluster.kubectl("auth", "can-i", *args, f"--as={user}", check=False)
+    answer = result.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl auth can-i {args}: {result.stdout} {result.stderr}"
+    return answer == "yes"
+
+
+# --- a user's workload that must survive every uninstall --------------------------------
+
+
+@dataclass
+class UserWorkload:
+    cluster: Cluster
+    name: str = "chat"
+    namespace: str = USER_NAMESPACE
+
+    def snapshot(self) -> dict[str, Any]:
+        dep = get(self.cluster, "deployment", self.name, "-n", self.namespace)
+        assert dep is not None, "the user's Deployment is gone"
+        return {
+            "uid": dep["metadata"]["uid"],
+            "generation": dep["metadata"]["generation"],
+            "replicas": dep["spec"]["replicas"],
+            "template": dep["spec"]["template"],
+            "ownerReferences": dep["metadata"].get("ownerReferences"),
+            "ready": dep.get("status", {}).get("readyReplicas", 0),
+        }
+
+    def add_sizing(self) -> None:
+        """A WorkloadSizing on the Deployment (needs the CRD)."""
+        sizing = {
+            "apiVersion": "gpusizer.io/v1alpha1",
+            "kind": "WorkloadSizing",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.name},
+                "mode": "Auto",
+                "replicas": {"min": 1, "max": 8, "targetGPUUtilization": 70},
+            },
+        }
+        self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sizing))
+
+    def assert_untouched(self, before: dict[str, Any]) -> None:
+        after = self.snapshot()
+        assert after == before, f"the user's Deployment changed:\n{before}\n->\n{after}"
+        pods = self.cluster.kubectl_json(
+            "get", "pods", "-n", self.namespace, "-l", f"app={self.name}"
+        )["items"]
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        assert len(running) == before["replicas"], [p["status"].get("phase") for p in pods]
+
+
+@pytest.fixture(scope="module")
+def user_workload(cluster: Cluster) -> Iterator[UserWorkload]:
+    workload = UserWorkload(cluster)
+    cluster.kubectl("create", "namespace", workload.namespace, check=False)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": workload.name, "namespace": workload.namespace},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": workload.name}},
+            "template": {
+                "metadata": {"labels": {"app": workload.name}},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(deployment))
+    wait_until(
+        lambda: workload.snapshot()["ready"] == 2, timeout=120, what="the user's 2 replicas ready"
+    )
+    yield workload
+    cluster.kubectl("delete", "namespace", workload.namespace, "--wait=false", check=False)
+
+
+def wait_deployment_available(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
+    def available() -> dict[str, Any] | None:
+        dep = get(cluster, "deployment", name, "-n", namespace)
+        if dep and dep.get("status", {}).get("availableReplicas", 0) == dep["spec"]["replicas"]:
+            return dep
+        return None
+
+    found: dict[str, Any] = wait_until(
+        available, timeout=120, what=f"deployment {namespace}/{name} available"
+    )
+    return found
+
+
+def wait_gone(cluster: Cluster, *args: str, timeout: float = 180) -> None:
+    wait_until(lambda: get(cluster, *args) is None, timeout=timeout, what=f"{args} deleted")
+
+
+def uids(cluster: Cluster, objects: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    out = {}
+    for obj in objects:
+        found = get(cluster, *obj)
+        assert found is not None, f"{obj} missing"
+        out[obj] = found["metadata"]["uid"]
+    return out
+
+
+# --- Helm -------------------------------------------------------------------------------
+
+
+def test_helm_lint(helm: Helm) -> None:
+    result = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_helm_install_upgrade_uninstall(
+    cluster: Cluster, helm: Helm, user_workload: UserWorkload
+) -> None:
+    release, namespace = "gpusizer-helm", "gpusizer-helm"
+    objects = [
+        ("serviceaccount", release, "-n", namespace),
+        ("clusterrole", release),
+        ("clusterrolebinding", release),
+        ("configmap", f"{release}-catalog", "-n", namespace),
+        ("service", f"{release}-metrics", "-n", namespace),
+        ("deployment", release, "-n", namespace),
+    ]
+    install = [
+        "upgrade",
+        "--install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "180s",
+    ]
+    first = helm(*install)
+    assert "NOTES:" in first.stdout and f"deployment/{release}" in first.stdout
+    assert get(cluster, "crd", CRD) is not None, "the chart's crds/ installed the CRD"
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+    user_workload.add_sizing()
+    before = user_workload.snapshot()
+    dep = wait_deployment_available(cluster, release, namespace)
+    installed = uids(cluster, objects)
+
+    helm(*install)  # twice in a row: a no-op upgrade
+    again = wait_deployment_available(cluster, release, namespace)
+    assert uids(cluster, objects) == installed, "the second install replaced objects"
+    assert again["metadata"]["generation"] == dep["metadata"]["generation"], "no new rollout"
+    history = json.loads(helm("history", release, "-n", namespace, "-o", "json").stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+    helm("uninstall", release, "--namespace", namespace, "--wait")
+    for obj in objects:
+        wait_gone(cluster, *obj)
+    assert get(cluster, "crd", CRD) is not None, "Helm keeps the CRD"
+    assert get(cluster, "workloadsizing", user_workload.name, "-n", USER_NAMESPACE)
+    user_workload.assert_untouched(before)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_helm_namespaced_install_grants_only_watched_namespaces(
+    cluster: Cluster, helm: Helm
+) -> None:
+    release, namespace = "gpusizer-ns", "gpusizer-ns"
+    sa = f"system:serviceaccount:{namespace}:{release}"
+    for ns in ("team-a", "team-b"):
+        cluster.kubectl("create", "namespace", ns, check=False)
+    helm(
+        "upgrade",
+        "--install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--set-json",
+        'watchNamespaces=["team-a"]',
+        "--set",
+        "rightSizing.allowReshape=false",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    try:
+        dep = wait_deployment_available(cluster, release, namespace)
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--namespace=team-a" in args
+        assert can_i(
+            cluster, sa, "update", "deployments.apps", "--subresource=scale", "-n", "team-a"
+        )
+        assert can_i(cluster, sa, "watch", "pods", "-n", "team-a")
+        assert can_i(
+            cluster,
+            sa,
+            "patch",
+            "workloadsizings.gpusizer.io",
+            "--subresource=status",
+            "-n",
+            "team-a",
+        )
+        assert not can_i(
+            cluster, sa, "update", "deployments.apps", "--subresource=scale", "-n", "team-b"
+        )
+        assert not can_i(cluster, sa, "watch", "pods", "-n", "team-b")
+        assert not can_i(cluster, sa, "watch", "workloadsizings.gpusizer.io", "-n", "team-b")
+        assert not can_i(cluster, sa, "patch", "deployments.apps", "-n", "team-a")
+        # What stays cluster-wide (docs/operations.md): CRDs, nodes, other autoscalers.
+        assert can_i(cluster, sa, "watch", "customresourcedefinitions.apiextensions.k8s.io")
+        assert can_i(cluster, sa, "watch", "nodes")
+        assert can_i(cluster, sa, "list", "horizontalpodautoscalers.autoscaling", "-A")
+    finally:
+        helm("uninstall", release, "--namespace", namespace, "--wait")
+        for ns in ("team-a", "team-b", namespace):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# --- kubectl apply -k deploy/ -----------------------------------------------------------
+
+
+def refuse_when_an_operator_runs(cluster: Cluster) -> None:
+    target = cluster.prometheus_targets_dir / "gpusizer-operator.json"
+    if not target.exists():
+        return
+    for group in json.loads(target.read_text()):
+        for address in group["targets"]:
+            try:
+                requests.get(f"http://{address}/metrics", timeout=1)
+            except requests.RequestException:
+                continue
+            pytest.fail(
+                f"an operator from operator_support.py is running ({address}) under the "
+                f"{OPERATOR_SA} this test uninstalls: run test_install.py alone or first"
+            )
+
+
+def test_kubectl_apply_install_twice_then_delete(
+    cluster: Cluster, user_workload: UserWorkload
+) -> None:
+    refuse_when_an_operator_runs(cluster)
+    first = cluster.kubectl("apply", "-k", str(DEPLOY))
+    assert f"customresourcedefinition.apiextensions.k8s.io/{CRD}" in first.stdout
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+    # The namespace enforces the "restricted" Pod Security Standard: the pod was admitted.
+    dep = wait_deployment_available(cluster, "gpusizer", OPERATOR_NAMESPACE)
+    objects = [
+        ("namespace", OPERATOR_NAMESPACE),
+        ("serviceaccount", "gpusizer", "-n", OPERATOR_NAMESPACE),
+        ("clusterrole", "gpusizer"),
+        ("clusterrolebinding", "gpusizer"),
+        ("configmap", "gpusizer-catalog", "-n", OPERATOR_NAMESPACE),
+        ("service", "gpusizer-metrics", "-n", OPERATOR_NAMESPACE),
+        ("deployment", "gpusizer", "-n", OPERATOR_NAMESPACE),
+    ]
+    installed = uids(cluster, objects)
+
+    second = cluster.kubectl("apply", "-k", str(DEPLOY))
+    lines = [line for line in second.stdout.splitlines() if line.strip()]
+    assert lines and all(line.endswith(" unchanged") for line in lines), second.stdout
+    assert uids(cluster, objects) == installed
+    again = get(cluster, "deployment", "gpusizer", "-n", OPERATOR_NAMESPACE)
+    assert again is not None and again["metadata"]["generation"] == dep["metadata"]["generation"]
+
+    check_service_account_permissions(cluster)
+
+    user_workload.add_sizing()
+    before = user_workload.snapshot()
+    cluster.kubectl("delete", "-k", str(DEPLOY), "--wait=true", "--timeout=180s")
+    for obj in objects:
+        wait_gone(cluster, *obj)
+    wait_gone(cluster, "crd", CRD)
+    user_workload.assert_untouched(before)
+
+
+def check_service_account_permissions(cluster: Cluster) -> None:
+    """What the operator's ServiceAccount may and may not do (kubectl auth can-i)."""
+    sa = OPERATOR_SA
+    ns = USER_NAMESPACE
+    allowed = [
+        ("patch", "workloadsizings.gpusizer.io", "--subresource=status", "-n", ns),
+        ("watch", "workloadsizings.gpusizer.io", "-A"),
+        ("update", "deployments.apps", "--subresource=scale", "-n", ns),
+        ("update", "statefulsets.apps", "--subresource=scale", "-n", ns),
+        ("get", "deployments.apps", "-n", ns),
+        ("patch", "deployments.apps", "-n", ns),  # rightSizing Auto moves the pod template
+        ("watch", "pods", "-A"),
+        ("watch", "nodes"),
+        ("list", "horizontalpodautoscalers.autoscaling", "-A"),
+        ("list", "scaledobjects.keda.sh", "-A"),
+        ("create", "events", "-n", ns),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+    ]
+    denied = [
+        ("get", "secrets", "-n", ns),
+        ("list", "secrets", "-A"),
+        ("get", "secrets", "-n", OPERATOR_NAMESPACE),
+        ("delete", "pods", "-n", ns),
+        ("create", "pods", "-n", ns),
+        ("create", "deployments.apps", "-n", ns),
+        ("update", "deployments.apps", "-n", ns),
+        ("delete", "deployments.apps", "-n", ns),
+        ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("update", "workloadsizings.gpusizer.io", "-n", ns),
+        ("delete", "workloadsizings.gpusizer.io", "-n", ns),
+        ("patch", "nodes"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+        ("impersonate", "serviceaccounts", "-A"),
+    ]
+    wrong = [a for a in allowed if not can_i(cluster, sa, *a)]
+    wrong += [("NOT", *d) for d in denied if can_i(cluster, sa, *d)]
+    assert not wrong, f"{sa}: unexpected permissions {wrong}"
