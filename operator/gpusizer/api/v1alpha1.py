@@ -95,7 +95,7 @@ def _default_scale_up() -> ScalingRules:
 
 def _default_scale_down() -> ScalingRules:
     return ScalingRules(
-        stabilization_window_seconds=300, max_replicas_per_step=2, period_seconds=15
+        stabilization_window_seconds=120, max_replicas_per_step=2, period_seconds=15
     )
 
 
@@ -153,7 +153,11 @@ class ReplicasSpec(_Model):
     scale_down: ScalingRules = Field(
         default_factory=_default_scale_down,
         alias="scaleDown",
-        description="How fast replicas are removed.",
+        description=(
+            "How fast replicas are removed. The default window (120 s) is about one GPU "
+            "start-up: holding an idle replica longer than it takes to get one back does not "
+            "pay; set it to your start-up time if yours is longer."
+        ),
     )
 
     @model_validator(mode="after")
