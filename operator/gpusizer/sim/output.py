@@ -62,16 +62,17 @@ def plot(
     fig, ax = plt.subplots(figsize=(12, 5))
     for name, r in results.items():
         times = np.arange(len(r.run.replicas)) * tick_seconds / scale
-        ax.step(times, r.run.replicas, where="post", label=f"{name} replicas", linewidth=1)
+        ax.step(times, r.run.replicas, where="post", label=name, linewidth=0.8, alpha=0.8)
     width = max(trace.bin_seconds, 60.0)
     load = trace.rebinned(width)
     load_times = np.arange(len(load.counts)) * width / scale
-    ax.fill_between(
+    ax.step(
         load_times,
         load.counts / width / capacity_rps,
-        step="post",
-        alpha=0.25,
-        color="grey",
+        where="post",
+        color="black",
+        linewidth=1.2,
+        zorder=10,
         label="load (replicas fully busy)",
     )
     ax.set_xlabel("hours" if hours else "minutes")
