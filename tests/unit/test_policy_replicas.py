@@ -63,9 +63,14 @@ def make_spec(
     return WorkloadSizingSpec.model_validate(document)
 
 
-def counts(current: int, ready: int | None = None, starting: int = 0) -> ReplicaCounts:
+def counts(
+    current: int, ready: int | None = None, starting: int = 0, unobserved: int = 0
+) -> ReplicaCounts:
     return ReplicaCounts(
-        current=current, ready=current - starting if ready is None else ready, starting=starting
+        current=current,
+        ready=current - starting if ready is None else ready,
+        starting=starting,
+        unobserved=unobserved,
     )
 
 
@@ -258,6 +263,35 @@ def test_starting_replicas_count_as_capacity(
     assert (decision.desired, decision.reason) == (desired, reason)
 
 
+@pytest.mark.parametrize(
+    ("ready", "unobserved", "util", "queue", "desired", "reason"),
+    [
+        # 4 of 8 became ready after the sample: 4 x 100 % / 70 % = 6 <= 8, no scale-up
+        (8, 4, 100.0, 0.0, 8, Reason.WITHIN_TOLERANCE),
+        # the queue the metrics show predates them: theirs to drain
+        (8, 4, 100.0, 40.0, 8, Reason.WAITING_FOR_STARTING_REPLICAS),
+        # load that outgrows them still scales up: 4 x 280 / 70 = 16
+        (8, 4, 280.0, 0.0, 16, Reason.SCALE_UP),
+        # never down before the metrics have seen them
+        (8, 4, 35.0, 0.0, 8, Reason.WITHIN_TOLERANCE),
+        # all observed: the plain formula, 8 x 100 / 70 = 12 (queue 40 asks 10)
+        (8, 0, 100.0, 40.0, 12, Reason.SCALE_UP),
+    ],
+)
+def test_replicas_the_metrics_have_not_seen_count_as_arriving(
+    ready: int, unobserved: int, util: float, queue: float, desired: int, reason: Reason
+) -> None:
+    spec = make_spec(util=70, queue=4)
+    decision = decide_replicas(
+        spec,
+        counts(ready, ready, 0, unobserved),
+        Signals(gpu_utilization=util, queue_total=queue),
+        History(),
+        NOW,
+    )
+    assert (decision.desired, decision.reason) == (desired, reason)
+
+
 # --- scale to zero and wake ---------------------------------------------------------------------
 
 IDLE = Signals(gpu_utilization=1.0, queue_total=0.0, wake_demand=0.0)
@@ -410,6 +444,7 @@ def situations(draw: st.DrawFn) -> tuple[WorkloadSizingSpec, ReplicaCounts, Sign
     )
     current = draw(st.integers(0 if zero and minimum == 0 else 1, maximum))
     starting = draw(st.integers(0, current))
+    unobserved = draw(st.integers(0, current - starting))
     recs = draw(st.lists(st.tuples(st.floats(NOW - 700, NOW - 1), st.integers(0, 40)), max_size=8))
     events = draw(
         st.lists(
@@ -427,7 +462,7 @@ def situations(draw: st.DrawFn) -> tuple[WorkloadSizingSpec, ReplicaCounts, Sign
         queue_total=draw(maybe_queue),
         wake_demand=draw(st.one_of(st.none(), st.floats(0, 50))),
     )
-    return spec, counts(current, starting=starting), signals, history
+    return spec, counts(current, starting=starting, unobserved=unobserved), signals, history
 
 
 @settings(max_examples=400, deadline=None)

@@ -46,6 +46,7 @@ def view(**fields: float | int | None) -> FleetView:
         "current": 4,
         "ready": 4,
         "starting": 0,
+        "unobserved": 0,
         "gpu_utilization": 70.0,
         "queue_total": 0.0,
         "wake_demand": 0.0,

@@ -21,6 +21,14 @@ class ReplicaCounts:
     current: int  # what the target asks for (its /scale spec.replicas)
     ready: int  # pods serving
     starting: int  # pods pending or running but not ready: capacity on its way
+    # ready pods that became ready after the metrics were sampled: the metrics do not show
+    # their capacity yet, so they are counted like starting ones
+    unobserved: int = 0
+
+    @property
+    def arriving(self) -> int:
+        """Capacity the metrics do not reflect yet."""
+        return self.starting + self.unobserved
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,10 @@ def decide_replicas(
     stepped = _step_limit(history.scale_events, rules, counts.current, desired, now)
     if stepped != desired:
         desired, limited = stepped, Reason.STEP_LIMIT
+    if counts.unobserved > 0 and desired < counts.current:
+        # Metrics older than the newest ready pods say nothing about them: wait one sample,
+        # without recording it, so the down window is not pinned by the wait.
+        desired, limited = counts.current, Reason.NOT_LIMITED
     # The bounds are hard: a step limit shapes moves inside them, never keeps the workload out.
     if desired > rules.maximum:
         desired, limited = rules.maximum, Reason.AT_MAX
@@ -149,8 +161,8 @@ def decide_replicas(
         reason = Reason.WAITING_FOR_STARTING_REPLICAS
     else:
         reason = Reason.WITHIN_TOLERANCE
-    if counts.starting > 0:
-        message += f"; {counts.starting} replica(s) starting count as capacity"
+    if counts.arriving > 0:
+        message += f"; {counts.arriving} replica(s) starting or unseen count as capacity"
     return decision(desired, reason, f"{message} -> {desired}", limited)
 
 
@@ -174,7 +186,7 @@ def _is_idle(
     spec: WorkloadSizingSpec, counts: ReplicaCounts, signals: Signals, demand_outside: bool
 ) -> bool:
     """Idle needs positive evidence: low utilisation seen, no queue, nothing starting."""
-    if demand_outside or counts.starting > 0:
+    if demand_outside or counts.arriving > 0:
         return False
     if counts.current == 0:
         return True
@@ -238,15 +250,17 @@ def _proposal(
     notes: list[str] = []
     waiting = False
     util = signals.gpu_utilization
-    if rules.target_gpu_utilization is not None and util is not None and counts.ready > 0:
+    # the utilisation is a mean over the pods that were ready when it was sampled
+    observed = counts.ready - counts.unobserved
+    if rules.target_gpu_utilization is not None and util is not None and observed > 0:
         target = rules.target_gpu_utilization
         ratio = util / target
         if abs(ratio - 1) <= rules.tolerance:
             wanted = counts.current
         else:
-            wanted = math.ceil(counts.ready * ratio)
+            wanted = math.ceil(observed * ratio)
         proposals.append(wanted)
-        notes.append(f"utilisation {util:.1f}% vs target {target:g}% on {counts.ready} ready")
+        notes.append(f"utilisation {util:.1f}% vs target {target:g}% on {observed} ready")
     queue = signals.queue_total
     target_queue = rules.target_queue_per_replica
     if target_queue is not None and queue is not None:
@@ -255,7 +269,7 @@ def _proposal(
             wanted = counts.current
         else:
             wanted = math.ceil(queue / target_queue)
-        if counts.starting > 0 and wanted > counts.current:
+        if counts.arriving > 0 and wanted > counts.current:
             wanted, waiting = counts.current, True
         proposals.append(wanted)
         notes.append(f"queue {queue:g} vs {target_queue:g} per replica")

@@ -34,7 +34,12 @@ class GpusizerController:
         self.history = History()
 
     def decide(self, view: FleetView) -> int:
-        counts = ReplicaCounts(current=view.current, ready=view.ready, starting=view.starting)
+        counts = ReplicaCounts(
+            current=view.current,
+            ready=view.ready,
+            starting=view.starting,
+            unobserved=view.unobserved,
+        )
         signals = Signals(
             gpu_utilization=view.gpu_utilization,
             queue_total=view.queue_total,

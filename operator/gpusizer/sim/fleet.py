@@ -54,6 +54,7 @@ class FleetView:
     current: int  # replicas asked for: ready + starting
     ready: int
     starting: int
+    unobserved: int  # ready now, but not yet when the metrics were sampled
     gpu_utilization: float | None  # mean percent busy of ready replicas; None with none ready
     queue_total: float | None  # waiting at the servers; None when no server reports
     wake_demand: float  # held at the gateway while no replica is ready
@@ -140,6 +141,7 @@ def simulate(
                 current=ready + len(starting),
                 ready=ready,
                 starting=len(starting),
+                unobserved=max(0, ready - last_ready),
                 gpu_utilization=(
                     100.0 * (served_cum[seen] - served_cum[low]) / capacity
                     if capacity > 0
