@@ -10,6 +10,8 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_APPLIED_ANNOTATION = "gpusim.gpusizer.io/mig-config-applied"
+"""The layout the MIG manager emulator last applied (it also rewrote allocatable then)."""
 
 WorkloadKey = tuple[str, str]
 """(namespace, name) of the Deployment (or bare pod) a replica belongs to."""

@@ -11,6 +11,7 @@ from gpusizer.catalog import Catalog, GPUProduct, layout_is_valid, named_layout
 
 from e2e.gpusim.cluster import (
     COUNT_LABEL,
+    MIG_APPLIED_ANNOTATION,
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
     PRODUCT_LABEL,
@@ -59,9 +60,15 @@ def pci_bus_id(gpu: int) -> str:
 
 
 def gpu_layouts(node: NodeInfo, product: GPUProduct, count: int) -> list[list[str]]:
-    """MIG profiles of each GPU: the applied standard layout, else packed from allocatable."""
-    name = node.labels.get(MIG_CONFIG_LABEL)
-    if name and node.labels.get(MIG_STATE_LABEL, "success") == "success":
+    """MIG profiles of each GPU: the applied standard layout, else packed from allocatable.
+
+    The label alone is not enough: it names the requested layout, applied only on `success`,
+    and a new request can arrive before the state leaves `success`.
+    """
+    name = node.annotations.get(MIG_APPLIED_ANNOTATION)
+    if name is None and node.labels.get(MIG_STATE_LABEL, "success") == "success":
+        name = node.labels.get(MIG_CONFIG_LABEL)
+    if name:
         layout = named_layout(product, name)
         if layout is not None:
             return [list(layout) for _ in range(count)]

@@ -26,6 +26,7 @@ from gpusizer.catalog import (
 
 from e2e.gpusim.cluster import (
     COUNT_LABEL,
+    MIG_APPLIED_ANNOTATION,
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
     PRODUCT_LABEL,
@@ -35,8 +36,8 @@ from e2e.gpusim.kube import KubeCluster
 
 log = logging.getLogger(__name__)
 
-APPLIED_ANNOTATION = "gpusim.gpusizer.io/mig-config-applied"
-"""The layout last applied, kept on the node so an emulator restart does not re-apply it."""
+APPLIED_ANNOTATION = MIG_APPLIED_ANNOTATION
+"""Kept on the node, so an emulator restart does not re-apply a layout."""
 EVENT_REASON_BUSY = "MigReconfigureGPUsInUse"
 EVENT_REASON_INVALID = "MigReconfigureInvalidLayout"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,17 @@ def test_simulator_readies_pods_through_the_source(catalog: Catalog) -> None:
     assert now[0] == 16.0  # marked ready on the tick at t=15
     sim.step()
     assert source.readied == ["chat-1"]  # once only
+
+
+def test_a_requested_layout_is_not_served_before_it_is_applied(catalog: Catalog) -> None:
+    node = gpu_node(catalog, "gpu-a", "h100-80gb", 2)  # all-disabled, applied
+    requested = dataclasses.replace(
+        node,
+        labels={**node.labels, "nvidia.com/mig.config": "all-balanced"},  # state still success
+        annotations={"gpusim.gpusizer.io/mig-config-applied": "all-disabled"},
+    )
+    assert [d.profile for d in devices_of({"gpu-a": requested}, catalog)] == [None, None]
+    applied = dataclasses.replace(
+        requested, annotations={"gpusim.gpusizer.io/mig-config-applied": "all-balanced"}
+    )
+    assert len(devices_of({"gpu-a": applied}, catalog)) == 8
