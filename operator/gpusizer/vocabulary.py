@@ -34,6 +34,8 @@ class Reason(StrEnum):
     # metrics
     METRICS_OK = "MetricsOK"
     PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
+    PROMETHEUS_UNAUTHORIZED = "PrometheusUnauthorized"
+    QUERY_RESTRICTED = "QueryRestricted"
     QUERY_ERROR = "QueryError"
     NO_SAMPLES = "NoSamples"
     STALE_SAMPLES = "StaleSamples"
@@ -74,6 +76,7 @@ class EventReason(StrEnum):
     WOKE = "Woke"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     METRICS_RECOVERED = "MetricsRecovered"
+    QUERY_RESTRICTED = "QueryRestricted"
     TARGET_NOT_FOUND = "TargetNotFound"
     CONFLICTING_AUTOSCALER = "ConflictingAutoscaler"
     INVALID_SPEC = "InvalidSpec"

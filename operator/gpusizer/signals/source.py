@@ -67,38 +67,75 @@ class PrometheusSettings:
     basic_auth: tuple[str, str] | None = None
 
 
+class BearerTokenFile(requests.auth.AuthBase):
+    """Reads the token at every request, so a rotated token (a projected service account
+    token, a mounted Secret) is used without a restart."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        with open(self.path, encoding="utf-8") as f:
+            request.headers["Authorization"] = f"Bearer {f.read().strip()}"
+        return request
+
+
+class AuthRejected(Exception):
+    """Prometheus (or the proxy in front of it) answered 401 or 403."""
+
+
+def _reject_unauthorized(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+    # prometheus-api-client turns every non-200 into one exception type; the status is
+    # checked here so that credentials are reported as such.
+    if response.status_code in (401, 403):
+        raise AuthRejected(f"HTTP {response.status_code} {response.reason}")
+
+
 class PrometheusSource:
     def __init__(self, settings: PrometheusSettings) -> None:
         self._settings = settings
         session = requests.Session()
-        if settings.ca_file:
-            session.verify = settings.ca_file
+        # PrometheusConnect ignores disable_ssl when given a session: verification is set here.
+        session.verify = settings.ca_file or not settings.insecure_skip_verify
+        if settings.bearer_token_file:
+            session.auth = BearerTokenFile(settings.bearer_token_file)
+        session.hooks["response"].append(_reject_unauthorized)
         self._client = PrometheusConnect(
             url=settings.url,
-            disable_ssl=settings.insecure_skip_verify,
             retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]),
             auth=settings.basic_auth,
             session=session,
             timeout=int(max(1, settings.timeout_seconds)),
         )
 
-    def _headers(self) -> dict[str, str]:
-        if not self._settings.bearer_token_file:
-            return {}
-        with open(self._settings.bearer_token_file, encoding="utf-8") as f:
-            return {"Authorization": f"Bearer {f.read().strip()}"}
-
     async def query(self, promql: str, signal: str) -> tuple[Any, Problem | None]:
         """Run one instant query off the event loop; failures become a Problem."""
         started = time.monotonic()
         try:
-            self._client.headers = self._headers()
             result = await asyncio.to_thread(self._client.custom_query, promql)
+        except AuthRejected as exc:
+            return None, self._failed(
+                signal,
+                Reason.PROMETHEUS_UNAUTHORIZED,
+                f"{self._settings.url} refused the credentials ({exc}): check the bearer token "
+                "or basic auth settings",
+            )
         except requests.exceptions.Timeout as exc:
             return None, self._failed(signal, Reason.PROMETHEUS_UNREACHABLE, f"timed out: {exc}")
+        except requests.exceptions.SSLError as exc:
+            return None, self._failed(
+                signal,
+                Reason.PROMETHEUS_UNREACHABLE,
+                f"TLS with {self._settings.url} failed (is --prometheus-ca-file the CA that "
+                f"signed its certificate?): {exc}",
+            )
         except requests.exceptions.RequestException as exc:
             return None, self._failed(
                 signal, Reason.PROMETHEUS_UNREACHABLE, f"{self._settings.url}: {exc}"
+            )
+        except OSError as exc:  # the token file (RequestException, caught above, is one too)
+            return None, self._failed(
+                signal, Reason.PROMETHEUS_UNAUTHORIZED, f"cannot read the bearer token: {exc}"
             )
         except PrometheusApiClientException as exc:
             return None, self._failed(signal, Reason.QUERY_ERROR, str(exc)[:500])
