@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
+	nodelease "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
+	podfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
+	"sigs.k8s.io/yaml"
+)
+
+// gpuQuery is a gojq expression, evaluated by kwok's stage selector, that is
+// true when any container of the pod has a limit on an nvidia.com/* resource.
+const gpuQuery = `[.spec.containers[]? | (.resources.limits // {}) | keys[] | select(startswith("nvidia.com/"))] | length > 0`
+
+// StagesYAML returns the kwok Stage objects used by the cluster: the ones the
+// pinned kwok module exports (node-initialize, node-heartbeat-with-lease,
+// pod-ready, pod-complete, pod-delete), with pod-ready restricted to pods that
+// request no nvidia.com/* resource, plus pod-gpu-running, which makes GPU pods
+// Running with started containers but leaves them NOT Ready: the GPU emulator
+// decides when (and whether) they become Ready.
+func StagesYAML() string {
+	docs := []string{
+		nodefast.DefaultNodeInit,
+		nodelease.DefaultNodeHeartbeatWithLease,
+		withGPUSelector(podfast.DefaultPodReady, "NotIn"),
+		gpuRunningStage(),
+		podfast.DefaultPodComplete,
+		podfast.DefaultPodDelete,
+	}
+	for i := range docs {
+		docs[i] = strings.TrimSpace(docs[i]) + "\n"
+	}
+	return strings.Join(docs, "---\n")
+}
+
+// withGPUSelector adds `gpuQuery <op> ["true"]` to the stage's selector. pod-ready
+// uses NotIn, so a pod on which the query fails still becomes Ready as before.
+func withGPUSelector(stage, op string) string {
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(stage), &obj); err != nil {
+		panic(fmt.Sprintf("kwok stage does not parse: %v", err))
+	}
+	spec := obj["spec"].(map[string]any)
+	sel := spec["selector"].(map[string]any)
+	exprs, _ := sel["matchExpressions"].([]any)
+	exprs = append(exprs, map[string]any{
+		"key":      gpuQuery,
+		"operator": op,
+		"values":   []any{"true"},
+	})
+	sel["matchExpressions"] = exprs
+	out, err := yaml.Marshal(obj)
+	if err != nil {
+		panic(err)
+	}
+	return string(out)
+}
+
+func mustReplace(s, old, new string) string {
+	if !strings.Contains(s, old) {
+		panic(fmt.Sprintf("kwok pod-ready stage changed: %q not found", old))
+	}
+	return strings.ReplaceAll(s, old, new)
+}
+
+// gpuRunningStage derives pod-gpu-running from kwok's own pod-ready stage.
+func gpuRunningStage() string {
+	s := podfast.DefaultPodReady
+	s = mustReplace(s, "name: pod-ready", "name: pod-gpu-running")
+	s = mustReplace(s, `status: "True"
+        type: Ready`, `status: "False"
+        reason: ContainersNotReady
+        type: Ready`)
+	s = mustReplace(s, `status: "True"
+        type: ContainersReady`, `status: "False"
+        reason: ContainersNotReady
+        type: ContainersReady`)
+	// Regular containers: started and running, but not ready.
+	s = mustReplace(s, `        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        state:
+          running:`, `        name: {{ .name | Quote }}
+        ready: false
+        started: true
+        restartCount: 0
+        state:
+          running:`)
+	return withGPUSelector(s, "In")
+}
