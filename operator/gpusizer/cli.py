@@ -58,6 +58,21 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="file holding the basic auth password [GPUSIZER_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE]",
     )
     p.add_argument(
+        "--allow-cross-namespace-queries",
+        action="store_true",
+        default=(_env("ALLOW_CROSS_NAMESPACE_QUERIES") or "").lower() in ("1", "true", "yes"),
+        help="send the wakeQuery and queueQuery of a WorkloadSizing as written; by default "
+        "every selector in them is confined to the object's namespace "
+        "[GPUSIZER_ALLOW_CROSS_NAMESPACE_QUERIES]",
+    )
+    p.add_argument(
+        "--tenant-label",
+        default=_env("TENANT_LABEL", "namespace"),
+        help="the label that confines those queries to the object's namespace, e.g. "
+        "exported_namespace where tenants' series are scraped without honorLabels "
+        "[GPUSIZER_TENANT_LABEL]",
+    )
+    p.add_argument(
         "--catalog-file",
         default=_env("CATALOG_FILE"),
         help="YAML overriding the GPU catalog (prices, products, throughput weights) "
@@ -132,6 +147,7 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from gpusizer import handlers
+    from gpusizer.signals.promql import Tenancy
     from gpusizer.signals.source import PrometheusSettings
 
     if not args.prometheus_url:
@@ -158,6 +174,9 @@ def _run(args: argparse.Namespace) -> int:
             bearer_token_file=args.prometheus_bearer_token_file,
             ca_file=args.prometheus_ca_file,
             basic_auth=basic_auth,
+        ),
+        tenancy=Tenancy(
+            label=args.tenant_label, allow_cross_namespace=args.allow_cross_namespace_queries
         ),
         sync_period_seconds=args.sync_period,
         metrics_port=args.metrics_port,

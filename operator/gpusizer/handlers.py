@@ -7,7 +7,7 @@ rather than from import time, and dependencies arrive through kopf's memo.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from gpusizer.signals.autoscalers import AutoscalerLister
 from gpusizer.signals.discovery import NodeInfo, OfferCache, node_info
 from gpusizer.signals.history import HistoryCache
 from gpusizer.signals.pods import PodInfo, pod_info
+from gpusizer.signals.promql import Tenancy
 from gpusizer.signals.source import PrometheusSettings, PrometheusSource
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class OperatorSettings:
     prometheus: PrometheusSettings
+    tenancy: Tenancy = field(default_factory=Tenancy)
     sync_period_seconds: float = 15.0
     metrics_port: int = 8080
     peering: str | None = None  # a kopf peering name; None runs standalone
@@ -79,6 +81,7 @@ def register(settings: OperatorSettings) -> None:
                 reshape_deadline_seconds=config.reshape_deadline_seconds,
                 min_reshape_interval_seconds=config.min_reshape_interval_seconds,
             ),
+            tenancy=config.tenancy,
         )
         start_http_server(config.metrics_port)
         log.info(

@@ -39,6 +39,7 @@ from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.join import WorkloadSignals, workload_signals
 from gpusizer.signals.pods import PodInfo, matches_selector
+from gpusizer.signals.promql import InvalidQuery, Tenancy, UserQueries, user_queries
 from gpusizer.signals.source import PrometheusSource, Snapshot
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
@@ -115,6 +116,7 @@ class Dependencies:
     targets: Targets
     cycles: CycleCache
     rightsizing: RightSizingSettings
+    tenancy: Tenancy = field(default_factory=Tenancy)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,13 @@ async def reconcile(
             {}, [ConditionState(ConditionType.READY, False, Reason.INVALID_SPEC, message)]
         )
 
+    try:
+        queries = user_queries(spec, namespace, deps.tenancy)
+    except InvalidQuery as exc:
+        return finish(
+            {}, [ConditionState(ConditionType.READY, False, Reason.INVALID_SPEC, str(exc))]
+        )
+
     if spec.mode == Mode.OFF:
         return finish(
             {}, [ConditionState(ConditionType.READY, True, Reason.MODE_OFF, "mode is Off")]
@@ -224,7 +233,7 @@ async def reconcile(
         )
 
     owned = [p for p in view.pods(namespace) if matches_selector(p.labels, target.selector)]
-    signals = await _workload_signals(spec, owned, cycle.snapshot, deps.prometheus, now)
+    signals = await _workload_signals(spec, queries, owned, cycle.snapshot, deps.prometheus, now)
     counts = ReplicaCounts(
         current=target.replicas,
         ready=sum(1 for p in owned if p.ready and not p.terminating),
@@ -306,9 +315,19 @@ async def reconcile(
     }
     if sizing.recommendation is not None:
         status["recommendation"] = sizing.recommendation
+    metrics_state = _metrics_condition(signals, decision, queries.restricted)
+    if queries.restricted and flipped(
+        old_conditions,
+        ConditionType.METRICS_AVAILABLE,
+        metrics_state.status is True,
+        Reason.QUERY_RESTRICTED,
+    ):
+        events.append(
+            EventIntent("Warning", EventReason.QUERY_RESTRICTED, "; ".join(queries.restricted))
+        )
     conditions = [
         ready_state,
-        _metrics_condition(signals, decision),
+        metrics_state,
         ConditionState(
             ConditionType.SCALED_TO_ZERO,
             current == 0,
@@ -353,19 +372,16 @@ def _was_false(conditions: Any, type_: ConditionType) -> bool:
 
 async def _workload_signals(
     spec: WorkloadSizingSpec,
+    queries: UserQueries,
     pods: list[PodInfo],
     snapshot: Snapshot,
     prometheus: PrometheusSource,
     now: float,
 ) -> WorkloadSignals:
-    custom = (
-        await prometheus.custom_per_pod(spec.metrics.queue_query)
-        if spec.metrics.queue_query
-        else None
-    )
+    custom = await prometheus.custom_per_pod(queries.queue) if queries.queue else None
     wake = None
-    if spec.scale_to_zero.enabled and spec.scale_to_zero.wake_query:
-        wake = await prometheus.scalar(spec.scale_to_zero.wake_query)
+    if spec.scale_to_zero.enabled and queries.wake:
+        wake = await prometheus.scalar(queries.wake)
     return workload_signals(spec, pods, snapshot, now, custom_queue=custom, wake=wake)
 
 
@@ -390,17 +406,23 @@ def _observation(signals: WorkloadSignals, now: float) -> dict[str, Any]:
     }
 
 
-def _metrics_condition(signals: WorkloadSignals, decision: ReplicaDecision) -> ConditionState:
+def _metrics_condition(
+    signals: WorkloadSignals, decision: ReplicaDecision, restricted: tuple[str, ...]
+) -> ConditionState:
+    """A query confined to its namespace is named first: it is the likely cause of what
+    follows, and the user must hear of it even while the metrics are known."""
+    notes = [*restricted]
+    reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
     if signals.problems and not decision.metrics_known:
-        first = signals.problems[0]
-        message = "; ".join(str(p) for p in signals.problems)
+        notes.extend(str(p) for p in signals.problems)
         return ConditionState(
             ConditionType.METRICS_AVAILABLE,
             False,
-            first.reason,
-            f"{message}. Holding replicas: no scale-down or scale to zero on unknown metrics",
+            reason if restricted else signals.problems[0].reason,
+            f"{'; '.join(notes)}. Holding replicas: no scale-down or scale to zero on unknown "
+            "metrics",
         )
-    return ConditionState(ConditionType.METRICS_AVAILABLE, True, Reason.METRICS_OK, "")
+    return ConditionState(ConditionType.METRICS_AVAILABLE, True, reason, "; ".join(notes))
 
 
 def _scale_event(before: int, decision: ReplicaDecision) -> EventIntent:
