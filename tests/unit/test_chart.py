@@ -6,6 +6,7 @@ helm tests fail with the command to run: they are never skipped.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -258,8 +259,8 @@ def test_default_deployment_is_hardened() -> None:
 
 def _run_flags() -> set[str]:
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-    run = sub.choices["run"]  # type: ignore[attr-defined]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    run = sub.choices["run"]
     return {s for a in run._actions for s in a.option_strings}
 
 
