@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -26,7 +27,8 @@ LOCK = REPO / "requirements.lock"
 
 
 def runtime_pins() -> list[str]:
-    """name==version for the closure of gpusizer's runtime dependencies, as installed."""
+    """name==version for the closure of pyproject.toml's [project.dependencies] (no extras),
+    at the versions installed in the venv."""
     seen: dict[str, str] = {}
 
     def walk(name: str, extras: tuple[str, ...]) -> None:
@@ -41,8 +43,16 @@ def runtime_pins() -> list[str]:
                 continue
             walk(req.name, tuple(req.extras))
 
-    walk("gpusizer", ())
-    seen.pop("gpusizer")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for text in project["dependencies"]:
+        req = Requirement(text)
+        try:
+            walk(req.name, tuple(req.extras))
+        except md.PackageNotFoundError:
+            raise AssertionError(f"{req.name} is not installed in the venv: make venv") from None
+        assert req.specifier.contains(seen[canonicalize_name(req.name)], prereleases=True), (
+            f"installed {req.name} {seen[canonicalize_name(req.name)]} does not satisfy {text}"
+        )
     return [f"{name}=={version}" for name, version in sorted(seen.items())]
 
 
