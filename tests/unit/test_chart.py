@@ -198,6 +198,7 @@ def test_helm_lint_variants(values: dict[str, str]) -> None:
         ),
         ({"metrics.serviceMonitor.interval": '"often"'}, "interval"),
         ({"syncPeriodSeconds": "0"}, "syncPeriodSeconds"),
+        ({"queries.tenantLabel": '"not a label"'}, "tenantLabel"),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, str], complaint: str) -> None:
@@ -273,6 +274,8 @@ def _run_flags() -> set[str]:
             "peering.enabled": "true",
             "prometheus.bearerToken.secretName": '"t"',
             "prometheus.ca.configMapName": '"ca"',
+            "queries.allowCrossNamespace": "true",
+            "queries.tenantLabel": '"exported_namespace"',
         },
     ],
     ids=["default", "everything"],
