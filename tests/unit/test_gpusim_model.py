@@ -234,3 +234,18 @@ def test_a_requested_layout_is_not_served_before_it_is_applied(catalog: Catalog)
         requested, annotations={"gpusim.gpusizer.io/mig-config-applied": "all-balanced"}
     )
     assert len(devices_of({"gpu-a": applied}, catalog)) == 8
+
+
+def test_simulator_reports_oom_restarts_through_the_source(catalog: Catalog) -> None:
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 1, "all-1g.10gb")
+    big = {"gpusim.gpusizer.io/memory-mib": "30000"}
+    pod = source.add_pod(gpu_pod("big-1", "gpu-a", "nvidia.com/mig-1g.10gb", annotations=big))
+    now = [0.0]
+    config = ModelConfig(startup_seconds=2, oom_backoff_seconds=1)
+    sim = Simulator(source, catalog, config, clock=lambda: now[0])
+    while len(source.oom_kills) < 2 and now[0] < 30:
+        sim.step()
+        now[0] += 1
+    assert source.oom_kills == [("big-1", 2.0), ("big-1", 5.0)]
+    assert source.pods[pod.uid].restart_count == 2 and not source.readied
