@@ -139,6 +139,8 @@ type pki struct {
 	Scheduler     *certPair
 	Kwok          *certPair
 	Operator      *certPair
+	FrontProxyCA  *certPair
+	FrontProxy    *certPair
 	SAKey, SAPub  string
 }
 
@@ -179,6 +181,14 @@ func newPKI(dir string) (*pki, error) {
 		if *s.dst, err = p.CA.issue(dir, s.name, s.cn, s.orgs, d, i, s.server); err != nil {
 			return nil, fmt.Errorf("issue %s: %w", s.name, err)
 		}
+	}
+	// The aggregation layer (APIService backends such as a metrics adapter) and the
+	// requestheader authentication of controller-manager and scheduler need a front proxy CA.
+	if p.FrontProxyCA, err = newCA(dir, "front-proxy-ca"); err != nil {
+		return nil, err
+	}
+	if p.FrontProxy, err = p.FrontProxyCA.issue(dir, "front-proxy-client", "front-proxy-client", nil, nil, nil, false); err != nil {
+		return nil, err
 	}
 	if p.SAKey, p.SAPub, err = newServiceAccountKey(dir); err != nil {
 		return nil, err
