@@ -219,6 +219,36 @@ def test_whole_gpu_pod_lands_on_l4_and_is_not_ready(cluster: Cluster) -> None:
         cluster.kubectl("delete", "deployment", name, "-n", "default", "--wait=false")
 
 
+def test_status_patch_repartitions_a_node_for_the_scheduler(cluster: Cluster) -> None:
+    """What the MIG manager emulator does: patch node status; the scheduler follows it."""
+    node = "h100-mig-1"
+    original = cluster.kubectl_json("get", "node", node)["status"]["allocatable"]
+
+    def patch(extra: dict[str, str | None]) -> None:
+        body = {"status": {"allocatable": extra, "capacity": extra}}
+        cluster.kubectl(
+            "patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(body)
+        )
+
+    name = f"mig7-{uuid.uuid4().hex[:6]}"
+    patch({"nvidia.com/mig-7g.80gb": "1"})
+    try:
+        cluster.kubectl(
+            "apply", "-f", "-", stdin=deployment(name, limits={"nvidia.com/mig-7g.80gb": "1"})
+        )
+        pod = wait_until(
+            lambda: next((p for p in pods_of(cluster, name) if p["spec"].get("nodeName")), None),
+            timeout=60,
+            what="the 7g.80gb pod to be scheduled",
+        )
+        assert pod["spec"]["nodeName"] == node
+    finally:
+        cluster.kubectl("delete", "deployment", name, "-n", "default", "--wait=false")
+        patch({"nvidia.com/mig-7g.80gb": None})
+    restored = cluster.kubectl_json("get", "node", node)["status"]["allocatable"]
+    assert restored == original
+
+
 def test_pod_that_does_not_fit_stays_pending(cluster: Cluster) -> None:
     """The real scheduler counts extended resources: 9 whole GPUs fit on no node."""
     name = f"big-{uuid.uuid4().hex[:6]}"
