@@ -25,6 +25,10 @@ venv: $(VENV)/.installed ## Create the Python virtualenv with the operator and i
 prometheus: ## Install Prometheus from Debian's packages if it is missing
 	scripts/install-prometheus.sh
 
+.PHONY: helm
+helm: ## Build helm v3.21.4 from its Go module into ~/.cache/gpusizer/bin (once)
+	scripts/install-helm.sh >/dev/null
+
 .PHONY: lint
 lint: venv ## ruff (lint and format check) and mypy strict on the package
 	$(BIN)/ruff check .
@@ -35,9 +39,11 @@ lint: venv ## ruff (lint and format check) and mypy strict on the package
 crds: venv ## Regenerate crds/ and deploy/crd.yaml from the pydantic models
 	$(BIN)/gpusizer crds > crds/gpusizer.io_workloadsizings.yaml
 	cp crds/gpusizer.io_workloadsizings.yaml deploy/crd.yaml
+	cp crds/gpusizer.io_workloadsizings.yaml charts/gpusizer/crds/gpusizer.io_workloadsizings.yaml
+	$(PY) scripts/gen_api_docs.py > docs/api-reference.md
 
 .PHONY: unit
-unit: venv ## Fast tests of the pure parts (policy, models, parsing)
+unit: venv helm prometheus ## Fast tests of the pure parts (policy, models, parsing)
 	$(BIN)/pytest -q tests/unit
 
 .PHONY: integration
@@ -57,7 +63,7 @@ cluster-down: ## Stop every process the local cluster started and remove its sta
 	e2e/scripts/cluster-down.sh
 
 .PHONY: e2e
-e2e: venv prometheus cluster-binary ## End-to-end tests on the local GPU cluster (starts its own)
+e2e: venv prometheus cluster-binary helm ## End-to-end tests on the local GPU cluster (starts its own)
 	$(BIN)/pytest -q e2e/tests
 
 .PHONY: test

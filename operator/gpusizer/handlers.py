@@ -95,13 +95,13 @@ def register(settings: OperatorSettings) -> None:
         config: OperatorSettings = memo.config
         return config.prometheus.url
 
-    @kopf.index("", "v1", "pods")
+    @kopf.index("", "v1", "pods", id="pods_by_namespace")
     def pods_by_namespace(
         *, namespace: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, PodInfo]:
         return {namespace or "": pod_info(body)}
 
-    @kopf.index("", "v1", "nodes")
+    @kopf.index("", "v1", "nodes", id="gpu_nodes")
     def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
         info = node_info(body)
         return {name: info} if info.allocatable else None

@@ -174,11 +174,9 @@ async def reconcile(
             events.append(
                 EventIntent("Normal", EventReason.METRICS_RECOVERED, "all signals are known again")
             )
-        status = {
-            **status,
-            "observedGeneration": generation,
-            "conditions": merge_conditions(old_conditions, conditions, now, generation),
-        }
+        merged = merge_conditions(old_conditions, conditions, now, generation)
+        metrics.set_conditions(namespace, name, merged)
+        status = {**status, "observedGeneration": generation, "conditions": merged}
         return Outcome(status_patch=status_patch(status_raw, status), events=events)
 
     try:

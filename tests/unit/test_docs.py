@@ -23,10 +23,6 @@ DOCS = REPO / "docs"
 ALERTS = DOCS / "alerts.yaml"
 DASHBOARD = DOCS / "grafana-dashboard.json"
 
-# Series the alerts use that the operator does not export yet (asked for in the issue's
-# report). test_requested_metrics_are_still_missing fails once one exists: then remove it here.
-REQUESTED_METRICS = {"gpusizer_condition"}
-
 
 def promtool() -> str:
     found = os.environ.get("GPUSIZER_PROMTOOL") or shutil.which("promtool") or "/usr/bin/promtool"
@@ -265,18 +261,13 @@ def rule_annotations(alert: str, **labels: str) -> dict[str, str]:
     return out
 
 
-def test_alerts_use_only_exported_or_requested_series() -> None:
+def test_alerts_use_only_exported_series() -> None:
     exported = exported_metrics()
     for rule in rules():
-        unknown = gpusizer_series(rule["expr"]) - set(exported) - REQUESTED_METRICS
+        unknown = gpusizer_series(rule["expr"]) - set(exported)
         assert not unknown, f"{rule['alert']} uses series the operator does not export: {unknown}"
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
         assert rule["annotations"]["summary"]
-
-
-def test_requested_metrics_are_still_missing() -> None:
-    """Once the operator exports one, drop it from REQUESTED_METRICS (and from the docs' note)."""
-    assert not REQUESTED_METRICS & set(exported_metrics())
 
 
 def test_alert_runbooks_point_at_existing_sections() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -50,8 +51,32 @@ CYCLE_SECONDS = Histogram(
 )
 
 
+CONDITION = Gauge(
+    "gpusizer_condition",
+    "1 for each WorkloadSizing condition as it stands, so alerts can match type and reason.",
+    ["namespace", "name", "type", "status", "reason"],
+)
+_condition_labels: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+
+
+def set_conditions(namespace: str, name: str, conditions: Iterable[Mapping[str, str]]) -> None:
+    """One series per condition; the previous status/reason series of a type is removed."""
+    shown = _condition_labels.setdefault((namespace, name), {})
+    for condition in conditions:
+        type_, now = condition["type"], (condition["status"], condition["reason"])
+        before = shown.get(type_)
+        if before is not None and before != now:
+            with contextlib.suppress(KeyError):
+                CONDITION.remove(namespace, name, type_, *before)
+        CONDITION.labels(namespace, name, type_, *now).set(1)
+        shown[type_] = now
+
+
 def forget(namespace: str, name: str) -> None:
     """Drop a deleted workload's series so dashboards do not show ghosts."""
     for gauge in (DESIRED_REPLICAS, CURRENT_REPLICAS, METRICS_AVAILABLE):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
+    for type_, (status, reason) in _condition_labels.pop((namespace, name), {}).items():
+        with contextlib.suppress(KeyError):
+            CONDITION.remove(namespace, name, type_, status, reason)
