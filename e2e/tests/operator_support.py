@@ -144,8 +144,15 @@ class Operator:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def manifests(cluster: Cluster) -> Cluster:
+    """The CRD and RBAC from deploy/, applied once."""
     install_manifests(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def operator(manifests: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    cluster = manifests
     workdir = tmp_path_factory.mktemp("operator")
     op = Operator(cluster, service_account_kubeconfig(cluster, workdir / "kubeconfig"), workdir)
     op.start()
@@ -339,6 +346,6 @@ def sizing_spec(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def workloads(cluster: Cluster, request: pytest.FixtureRequest) -> Workloads:
+def workloads(manifests: Cluster, request: pytest.FixtureRequest) -> Workloads:
     namespace = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:50]
-    return Workloads(cluster, namespace)
+    return Workloads(manifests, namespace)

@@ -123,3 +123,10 @@ def test_any_json_never_crashes_and_never_yields_non_finite(result: Any) -> None
     value, problem = scalar(result)
     assert (value is None) != (problem is None)
     assert value is None or math.isfinite(value)
+
+
+def test_huge_values_that_overflow_when_combined_are_a_problem() -> None:
+    result = series(dcgm("p", "0"), "1e308", NOW) + series(dcgm("p", "1"), "1e308", NOW)
+    parsed = per_pod(result, combine="sum", now=NOW)
+    assert ("llm", "p") not in parsed.samples
+    assert parsed.problems[("llm", "p")].reason == Reason.INVALID_VALUE

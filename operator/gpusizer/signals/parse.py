@@ -132,6 +132,9 @@ def per_pod(
             value = sum(numbers)
         else:
             value = sum(numbers) / len(numbers)
+        if not math.isfinite(value):  # finite huge values can still overflow when combined
+            out.problems[key] = Problem(Reason.INVALID_VALUE, f"{combine} of {numbers} overflows")
+            continue
         out.samples[key] = Sample(value, oldest)
     return out
 
