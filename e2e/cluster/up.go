@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -200,6 +201,9 @@ func writeKubeconfig(path, server string, ca *certPair, user *certPair, userName
 }
 
 func runUp(args []string) int {
+	// Pdeathsig is delivered when the OS thread that started a child exits, not the
+	// process: start every child from the main goroutine, locked to the main thread.
+	runtime.LockOSThread()
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	stateDir := fs.String("state-dir", ".cluster", "directory for certificates, data, logs, kubeconfig and pids")
 	nodePools := fs.String("nodepools", "", "node pools YAML (see e2e/cluster/nodepools.yaml); empty: no GPU nodes")

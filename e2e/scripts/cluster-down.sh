@@ -6,6 +6,7 @@
 set -euo pipefail
 # shellcheck source=e2e/scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+lock_state
 
 if ! [ -d "$STATE" ]; then
   echo "no cluster running"

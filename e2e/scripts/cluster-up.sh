@@ -17,6 +17,7 @@ set -euo pipefail
 TIMEOUT="${GPUSIZER_CLUSTER_TIMEOUT:-300}"
 NODEPOOLS="${GPUSIZER_NODEPOOLS:-$REPO/e2e/cluster/nodepools.yaml}"
 GPUSIM_MODE="${GPUSIZER_GPUSIM:-auto}"
+lock_state
 
 if cluster_running; then
   echo "cluster already running (state $STATE): source $STATE/env"
@@ -55,15 +56,30 @@ fail() {
 }
 
 # 1. The control plane, supervised by `cluster up` in its own session/process group.
-setsid "$BIN" up --state-dir "$STATE" --nodepools "$NODEPOOLS" \
-  --timeout "${TIMEOUT}s" > "$STATE/logs/up.log" 2>&1 < /dev/null &
-CLUSTER_PID=$!
-echo "$CLUSTER_PID" > "$STATE/cluster.pid"
-deadline=$(( $(date +%s) + TIMEOUT ))
-until [ -f "$STATE/ready" ]; do
-  [ -d "/proc/$CLUSTER_PID" ] || fail "cluster up exited before it was ready"
-  [ "$(date +%s)" -lt "$deadline" ] || fail "cluster not ready after ${TIMEOUT}s"
-  sleep 0.2
+#    Ports are picked free by `cluster up`, but another process can take one before the
+#    component binds it: on "address already in use" start again (3 attempts).
+for attempt in 1 2 3; do
+  setsid "$BIN" up --state-dir "$STATE" --nodepools "$NODEPOOLS" \
+    --timeout "${TIMEOUT}s" > "$STATE/logs/up.log" 2>&1 < /dev/null 9>&- &
+  CLUSTER_PID=$!
+  echo "$CLUSTER_PID" > "$STATE/cluster.pid"
+  deadline=$(( $(date +%s) + TIMEOUT ))
+  while ! [ -f "$STATE/ready" ] && [ -d "/proc/$CLUSTER_PID" ] && [ "$(date +%s)" -lt "$deadline" ]; do
+    sleep 0.2
+  done
+  [ -f "$STATE/ready" ] && break
+  if [ -d "/proc/$CLUSTER_PID" ]; then
+    fail "cluster not ready after ${TIMEOUT}s"
+  fi
+  wait "$CLUSTER_PID" || true
+  if [ "$attempt" -lt 3 ] && grep -qs "address already in use" "$STATE"/logs/*.log; then
+    echo "cluster-up: a port was taken meanwhile (attempt $attempt); starting again" >&2
+    stop_all
+    rm -rf -- "$STATE/etcd" "$STATE/pki" "$STATE/pids" "$STATE/up.pid"
+    for f in "$STATE"/logs/*.log; do mv -f "$f" "$f.attempt$attempt"; done
+    continue
+  fi
+  fail "cluster up exited before it was ready"
 done
 KUBECONFIG_PATH="$(sed -n 's/^KUBECONFIG=//p' "$STATE/ready")"
 OPERATOR_KUBECONFIG="$(sed -n 's/^OPERATOR_KUBECONFIG=//p' "$STATE/ready")"
@@ -90,7 +106,7 @@ setsid "$PROM" --config.file="$STATE/prometheus.yml" \
   --storage.tsdb.path="$STATE/prometheus" \
   --web.listen-address="127.0.0.1:${PROM_PORT}" \
   --web.enable-lifecycle --web.enable-admin-api \
-  > "$STATE/logs/prometheus.log" 2>&1 < /dev/null &
+  > "$STATE/logs/prometheus.log" 2>&1 < /dev/null 9>&- &
 PROMETHEUS_PID=$!
 echo "$PROMETHEUS_PID" > "$STATE/prometheus.pid"
 PROMETHEUS_URL="http://127.0.0.1:${PROM_PORT}"
@@ -106,7 +122,7 @@ if [ -z "$PY" ]; then
 fi
 if [ "$GPUSIM_MODE" != "0" ] && [ -f "$REPO/e2e/gpusim/__main__.py" ]; then
   ( cd "$REPO" && exec setsid "$PY" -m e2e.gpusim --kubeconfig "$KUBECONFIG_PATH" \
-      --listen "127.0.0.1:${GPUSIM_PORT}" > "$STATE/logs/gpusim.log" 2>&1 < /dev/null ) &
+      --listen "127.0.0.1:${GPUSIM_PORT}" > "$STATE/logs/gpusim.log" 2>&1 < /dev/null 9>&- ) &
   GPUSIM_PID=$!
   echo "$GPUSIM_PID" > "$STATE/gpusim.pid"
   if wait_http "$GPUSIM_URL/metrics" 60 "$GPUSIM_PID"; then

@@ -7,6 +7,18 @@ case "$STATE" in /*) ;; *) STATE="$(pwd)/$STATE" ;; esac
 STATE="${STATE%/}"
 MARKER="$STATE/.gpusizer-cluster"
 
+# lock_state: serialise cluster-up.sh/cluster-down.sh on one state dir. The lock file lives
+# in /tmp (named after the state dir), not in the state dir, which cluster-down removes.
+lock_state() {
+  local lock
+  lock="${TMPDIR:-/tmp}/gpusizer-cluster-$(printf '%s' "$STATE" | sha256sum | cut -c1-16).lock"
+  exec 9>"$lock"
+  if ! flock -w "${GPUSIZER_LOCK_TIMEOUT:-600}" 9; then
+    echo "$(basename "$0"): another cluster-up/down holds $lock" >&2
+    exit 1
+  fi
+}
+
 # alive PID: the process exists and its command line mentions our state dir
 # (protects against signalling a recycled PID).
 alive() {
