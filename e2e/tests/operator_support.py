@@ -131,12 +131,12 @@ class Operator:
             return ""
         return "\n".join(self.logs[-1].read_text(errors="replace").splitlines()[-lines:])
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, series: str, **labels: str) -> float:
         """The current value of one of the operator's own series (0 when absent)."""
         text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
         total = 0.0
         for line in text.splitlines():
-            if not line.startswith(name + "{"):
+            if not line.startswith(series + "{"):
                 continue
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
@@ -168,6 +168,8 @@ class Workloads:
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster = cluster
         self.namespace = namespace
+        # a rerun on a reused cluster starts from an empty namespace
+        cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true")
         cluster.kubectl("create", "namespace", namespace)
 
     def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -281,12 +283,12 @@ class Workloads:
         r.raise_for_status()
 
     def wait_replicas(self, name: str, predicate: Any, timeout: float, what: str) -> int:
-        def check() -> int | None:
+        def check() -> tuple[int] | None:
             n = self.replicas(name)
-            return n if predicate(n) else None
+            return (n,) if predicate(n) else None  # a tuple: 0 replicas is a valid answer
 
-        value: int = wait_until(check, timeout=timeout, what=f"{name}: {what}")
-        return value
+        found: tuple[int] = wait_until(check, timeout=timeout, what=f"{name}: {what}")
+        return found[0]
 
 
 def stop_prometheus(cluster: Cluster) -> list[bytes]:

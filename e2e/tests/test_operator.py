@@ -178,8 +178,10 @@ def test_metrics_outage_never_scales_down(
     workloads.load(name, 0)  # would scale down to 1 if anyone believed an empty result
     command = stop_prometheus(cluster)
     try:
-        condition = workloads.wait_condition(name, "MetricsAvailable", "False", timeout=60)
-        assert condition["reason"] == "PrometheusUnreachable"
+        condition = workloads.wait_condition(
+            name, "MetricsAvailable", "False", "PrometheusUnreachable", timeout=60
+        )
+        assert "Holding replicas" in condition["message"]
         holds = operator.metric(
             "gpusizer_decisions_total", name=name, reason="HoldingOnUnknownMetrics"
         )
