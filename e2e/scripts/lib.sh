@@ -74,8 +74,10 @@ PY
 }
 
 # cluster_running: the env file exists and the supervisor and Prometheus are alive.
+# $STATE/prometheus.pid is the current Prometheus (tests may restart it and rewrite the file).
 cluster_running() {
-  [ -f "$STATE/env" ] && [ -f "$STATE/ready" ] && alive "$(env_get CLUSTER_PID)" && alive "$(env_get PROMETHEUS_PID)"
+  [ -f "$STATE/env" ] && [ -f "$STATE/ready" ] && alive "$(env_get CLUSTER_PID)" || return 1
+  alive "$(env_get PROMETHEUS_PID)" || alive "$(cat "$STATE/prometheus.pid" 2>/dev/null)"
 }
 
 # stop_all: stop everything recorded in the state dir, newest first.
