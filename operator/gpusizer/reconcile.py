@@ -236,8 +236,11 @@ async def reconcile(
         current=target.replicas,
         ready=sum(1 for p in owned if p.ready and not p.terminating),
         starting=sum(1 for p in owned if p.starting),
+        unobserved=signals.unobserved,
     )
-    history = history_from_status(status_raw)
+    history = history_from_status(status_raw).seeded(
+        now, target.replicas, spec.replicas.scale_down.stabilization_window_seconds
+    )
     decision = decide_replicas(spec, counts, signals.signals, history, now)
     metrics.DECISIONS.labels(namespace, name, decision.reason.value).inc()
     metrics.DESIRED_REPLICAS.labels(namespace, name).set(decision.desired)

@@ -604,3 +604,23 @@ def test_the_purity_check_can_fail(tmp_path: Path) -> None:
     impure = tmp_path / "impure.py"
     impure.write_text("import time\nfrom datetime import datetime\nNOW = datetime.now()\n")
     assert len(_violations(impure, set())) == 2
+
+
+@pytest.mark.parametrize(
+    ("history", "desired_at", "label"),
+    [
+        (History(), {0: 4, 119: 4, 121: 1}, "no history: the present counts, the window holds"),
+        (History(recommendations=((-500.0, 4),)), {0: 4, 121: 1}, "only stale history"),
+        (History(recommendations=((-10.0, 1),)), {0: 1}, "recent history is left as it is"),
+    ],
+)
+def test_seeding_an_empty_history_respects_the_down_window(
+    history: History, desired_at: dict[int, int], label: str
+) -> None:
+    spec = make_spec(down=(120, 100, 15))
+    low = Signals(gpu_utilization=5.0, queue_total=0.0)
+    state = history.seeded(0.0, 4, 120)
+    for t in sorted(desired_at):
+        decision = decide_replicas(spec, counts(4), low, state, float(t))
+        assert decision.desired == desired_at[t], f"{label} at t={t}"
+        state = decision.history

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -156,3 +157,14 @@ def test_pod_info_reads_gpu_resource_readiness_and_oom() -> None:
     assert info.gpu_resource == "nvidia.com/mig-1g.10gb" and info.gpu_container == "vllm"
     assert info.is_mig and info.starting and not info.ready
     assert info.oom_kills == 3
+
+
+def test_a_pod_ready_since_the_last_scrape_is_arriving_capacity_not_a_hole() -> None:
+    newcomer = dataclasses.replace(pod("new"), ready_since=NOW - 3)
+    veteran = dataclasses.replace(pod("old"), ready_since=NOW - 600)
+    snap = snapshot(gpu=samples({"a": 80}), queue=samples({"a": 2}))
+    got = workload_signals(spec(), [pod("a"), newcomer], snap, NOW)
+    assert got.problems == () and got.unobserved == 1
+    assert got.signals.gpu_utilization == 80 and got.queue_per_replica == 2
+    stale = workload_signals(spec(), [pod("a"), veteran], snap, NOW)
+    assert stale.unobserved == 0 and stale.problems[0].reason == Reason.PARTIAL_SAMPLES

@@ -56,6 +56,15 @@ class History:
     scale_events: tuple[ScaleEventRecord, ...] = ()
     last_active_time: float | None = None
 
+    def seeded(self, now: float, current: int, window_seconds: float) -> History:
+        """With nothing recommended inside the down window (a new WorkloadSizing, or an
+        operator down for longer than the window), the replicas the target has count as a
+        recommendation made now: a scale-down then waits out the window instead of acting on
+        the first reading, which HPA would."""
+        if current <= 0 or any(t > now - window_seconds for t, _ in self.recommendations):
+            return self
+        return replace(self, recommendations=(*self.recommendations, (now, current)))
+
     def with_scale_event(self, now: float, from_replicas: int, to_replicas: int) -> History:
         """Record a change that was actually made (Recommend mode records none)."""
         event = ScaleEventRecord(now, from_replicas, to_replicas)

@@ -6,7 +6,7 @@ of a fleet is not a smaller fleet, so it is reported as unknown with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
@@ -34,6 +34,26 @@ class WorkloadSignals:
     memory_peak_mib: float | None
     sample_age_seconds: float | None
     problems: tuple[SignalProblem, ...]
+    unobserved: int = 0  # ready pods too new to have samples yet
+
+
+def _not_yet_observed(
+    pods: Sequence[PodInfo],
+    sources: Callable[[PodInfo], Sequence[PodSamples | Problem | None]],
+    max_age: float,
+    now: float,
+) -> set[PodKey]:
+    """Pods that turned ready less than maxSampleAgeSeconds ago and that a signal has no
+    sample for yet: the next scrape will show them, so they are capacity on its way, not a
+    hole in the data."""
+    fresh = set()
+    for pod in pods:
+        if pod.ready_since is None or now - pod.ready_since >= max_age:
+            continue
+        key = (pod.namespace, pod.name)
+        if any(isinstance(s, PodSamples) and key not in s.samples for s in sources(pod)):
+            fresh.add(key)
+    return fresh
 
 
 def _fleet_value(
@@ -97,6 +117,17 @@ def workload_signals(
             return snapshot.errors[signal]
         return snapshot.signals.get(signal)
 
+    queue_source: PodSamples | Problem | None = custom_queue
+    if custom_queue is None and spec.metrics.server in QUEUE_SERIES:
+        queue_source = batched(queue_signal(spec.metrics.server))
+    fresh = _not_yet_observed(
+        ready,
+        lambda pod: [batched(MIG_UTIL if pod.is_mig else GPU_UTIL), queue_source],
+        max_age,
+        now,
+    )
+    ready = [p for p in ready if (p.namespace, p.name) not in fresh]
+
     utilization: float | None = None
     if ready:
         per_kind: dict[PodKey, PodSamples] = {}
@@ -116,9 +147,6 @@ def workload_signals(
                 ages.extend(now - s.timestamp for s in found)
 
     queue_total: float | None = None
-    queue_source: PodSamples | Problem | None = custom_queue
-    if custom_queue is None and spec.metrics.server in QUEUE_SERIES:
-        queue_source = batched(queue_signal(spec.metrics.server))
     has_queue_source = bool(spec.metrics.queue_query) or spec.metrics.server != Server.NONE
     if ready and has_queue_source:
         found, problem = _fleet_value("queue", ready, queue_source, max_age, now)
@@ -155,4 +183,5 @@ def workload_signals(
         memory_peak_mib=memory_peak,
         sample_age_seconds=max(ages) if ages else None,
         problems=tuple(problems),
+        unobserved=len(fresh),
     )

@@ -28,6 +28,7 @@ class PodInfo:
     gpu_count: int = 1  # units of gpu_resource the pod holds
     created: float | None = None  # creation time, seconds since the epoch
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
+    ready_since: float | None = None  # when the Ready condition last turned True
 
     @property
     def starting(self) -> bool:
@@ -67,7 +68,10 @@ def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
             gpu_container = c.get("name")
             break
     conditions = status.get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    ready_condition: Mapping[str, Any] = next(
+        (c for c in conditions if c.get("type") == "Ready"), {}
+    )
+    ready = ready_condition.get("status") == "True"
     unschedulable = next(
         (
             str(c.get("message") or "unschedulable")
@@ -97,6 +101,7 @@ def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
         gpu_count=gpu_resource[1] if gpu_resource else 0,
         created=parse_time(meta.get("creationTimestamp")),
         unschedulable=unschedulable,
+        ready_since=parse_time(ready_condition.get("lastTransitionTime")) if ready else None,
     )
 
 
