@@ -348,6 +348,8 @@ def sizing_spec(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def workloads(manifests: Cluster, request: pytest.FixtureRequest) -> Workloads:
+def workloads(manifests: Cluster, request: pytest.FixtureRequest) -> Iterator[Workloads]:
+    """A namespace of the test's own, deleted afterwards so its GPUs go back to the pool."""
     namespace = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:50]
-    return Workloads(manifests, namespace)
+    yield Workloads(manifests, namespace)
+    manifests.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s")
