@@ -7,6 +7,7 @@ rather than from import time, and dependencies arrive through kopf's memo.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,21 @@ def api_client() -> k8s.ApiClient:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
         k8s_config.load_kube_config()
-    return k8s.ApiClient()
+    client = k8s.ApiClient()
+    _count_requests(client)
+    return client
+
+
+def _count_requests(client: k8s.ApiClient) -> None:
+    """Every request of this client counts in gpusizer_kube_api_requests_total."""
+    rest = client.rest_client
+    send = rest.request
+
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        metrics.KUBE_API_REQUESTS.labels(verb=method.upper()).inc()
+        return send(method, url, *args, **kwargs)
+
+    rest.request = counted
 
 
 def register(settings: OperatorSettings) -> None:
@@ -126,6 +141,7 @@ def register(settings: OperatorSettings) -> None:
             nodes={n: info for n, store in nodes_index.items() for info in store},
         )
         assert namespace is not None  # WorkloadSizing is namespaced
+        started = time.monotonic()
         try:
             outcome = await reconcile(
                 namespace,
@@ -140,10 +156,14 @@ def register(settings: OperatorSettings) -> None:
         except Exception:
             metrics.RECONCILE_ERRORS.labels(namespace, name).inc()
             raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         for event in outcome.events:
             kopf.event(body, type=event.type, reason=event.reason.value, message=event.message)
+            metrics.KUBE_API_REQUESTS.labels(verb="POST").inc()  # kopf posts it
         if outcome.status_patch:
             patch.status.update(outcome.status_patch)
+            metrics.KUBE_API_REQUESTS.labels(verb="PATCH").inc()  # kopf applies it
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
     def forget_deleted(*, type: str, name: str, namespace: str | None, **_: Any) -> None:

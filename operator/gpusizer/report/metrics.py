@@ -44,6 +44,17 @@ RECONCILE_ERRORS = Counter(
     "Reconcile cycles that ended in an unexpected error.",
     ["namespace", "name"],
 )
+RECONCILE_SECONDS = Histogram(
+    "gpusizer_reconcile_duration_seconds",
+    "Time to decide one WorkloadSizing (observe, decide, act); the count is the number of "
+    "decisions, so workloads / decision rate is the time to decide every workload once.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+KUBE_API_REQUESTS = Counter(
+    "gpusizer_kube_api_requests_total",
+    "Requests the operator sent to the Kubernetes API server (watches excluded), by verb.",
+    ["verb"],
+)
 CYCLE_SECONDS = Histogram(
     "gpusizer_snapshot_duration_seconds",
     "Time to fetch one cycle's batched signals for all workloads.",
