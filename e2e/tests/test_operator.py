@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from gpusizer.timefmt import parse_time
+
 from e2e.tests.conftest import Cluster, wait_until
 from e2e.tests.operator_support import (
     Operator,
@@ -209,7 +211,7 @@ def test_restart_inside_the_scale_down_window_does_not_scale_down_early(
     name = "restart"
     window = 40
     workloads.deployment(name, replicas=4)
-    workloads.load(name, 28)  # 4 x 7 rps: steady at 4
+    workloads.load(name, 0)
     spec = sizing_spec(
         name,
         replicas={
@@ -220,15 +222,19 @@ def test_restart_inside_the_scale_down_window_does_not_scale_down_early(
             }
         },
     )
-    assert workloads.sizing(name, spec).returncode == 0
     wait_until(lambda: workloads.ready(name) == 4, 90, what="4 ready")
+    workloads.load(name, 28)  # 4 x 7 rps: 70 %, steady at 4 (no start-up backlog to chase)
+    assert workloads.sizing(name, spec).returncode == 0
     workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
-
+    wait_until(
+        lambda: (workloads.status(name).get("observation") or {}).get("gpuUtilization"),
+        60,
+        what="a utilisation reading",
+    )
+    scaled_before = workloads.event_reasons(name).count("Scaled")
     workloads.load(name, 3)
 
     def first_low_recommendation() -> float | None:
-        from gpusizer.timefmt import parse_time
-
         for rec in workloads.status(name).get("recommendations", []):
             if rec["replicas"] < 4:
                 return parse_time(rec["time"])
@@ -238,11 +244,13 @@ def test_restart_inside_the_scale_down_window_does_not_scale_down_early(
     operator.restart()
     workloads.wait_replicas(name, lambda n: n < 4, window + 90, "scaled down after the window")
     scaled_after = time.time() - window_started
-    assert scaled_after >= window - 1, (
+    # the status keeps the latest of a run of equal recommendations, and we poll every cycle
+    # (2 s), so the window's start is read up to one cycle late
+    assert scaled_after >= window - 3, (
         f"scaled down {scaled_after:.0f}s into a {window}s window: the restart lost the history"
     )
-    events = [r for r in workloads.event_reasons(name) if r == "Scaled"]
-    assert len(events) == 1, f"expected exactly one scale-down, got {events}"
+    scaled = workloads.event_reasons(name).count("Scaled") - scaled_before
+    assert scaled == 1, f"expected exactly one scale-down after the drop, got {scaled}"
 
 
 def test_too_small_mig_slice_is_reported_out_of_memory(
