@@ -6,7 +6,6 @@ returns, so the flow is testable and the handlers stay thin.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -36,6 +35,7 @@ from gpusizer.report.status import (
 )
 from gpusizer.rightsizing import RightSizingOutcome, RightSizingSettings, right_size
 from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.join import WorkloadSignals, workload_signals
 from gpusizer.signals.pods import PodInfo, matches_selector
@@ -65,8 +65,8 @@ class Cycle:
 
 
 class CycleCache:
-    """Single-flight shared reads: the first workload of a period fetches, the rest reuse it,
-    so Prometheus queries and API list calls per period do not grow with the workload count."""
+    """The batched Prometheus snapshot and the list of other autoscalers, fetched by the
+    first workload of a sync period and reused by the rest."""
 
     def __init__(
         self,
@@ -77,12 +77,11 @@ class CycleCache:
     ) -> None:
         self._prometheus = prometheus
         self._list_autoscalers = list_autoscalers
-        self._period = period_seconds
-        self._clock = clock
-        self._latest: tuple[float, Cycle] | None = None
-        self._inflight: asyncio.Task[Cycle] | None = None
+        self._cache: PeriodicCache[None, Cycle] = PeriodicCache(
+            self._fetch, period_seconds * 0.9, clock
+        )
 
-    async def _fetch(self) -> Cycle:
+    async def _fetch(self, _: None) -> Cycle:
         started = time.monotonic()
         snapshot = await self._prometheus.snapshot(Server)
         metrics.CYCLE_SECONDS.observe(time.monotonic() - started)
@@ -95,19 +94,7 @@ class CycleCache:
         return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
 
     async def get(self) -> Cycle:
-        now = self._clock()
-        if self._latest is not None and now - self._latest[0] < self._period * 0.9:
-            return self._latest[1]
-        if self._inflight is None:
-            self._inflight = asyncio.create_task(self._fetch())
-        task = self._inflight
-        try:
-            cycle = await asyncio.shield(task)
-        finally:
-            if self._inflight is task and task.done():
-                self._inflight = None
-        self._latest = (self._clock(), cycle)
-        return cycle
+        return await self._cache.get(None)
 
 
 @dataclass

@@ -3,16 +3,16 @@ at once, refreshed far less often than the replica signals."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.policy.slices import Usage
+from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.parse import PodSamples, Problem
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.source import PrometheusSource, SignalFailed
+from gpusizer.signals.source import PrometheusSource
 
 BY_POD = "namespace, pod, exported_namespace, exported_pod"
 PEAK_QUANTILE = 0.99
@@ -57,7 +57,7 @@ class UsageHistory:
 
 
 class HistoryCache:
-    """Single-flight per window length, refreshed every `period_seconds`."""
+    """The window's queries for every pod, at most once per `period_seconds` per window."""
 
     def __init__(
         self,
@@ -66,47 +66,19 @@ class HistoryCache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._prometheus = prometheus
-        self._period = period_seconds
-        self._clock = clock
-        self._latest: dict[int, tuple[float, UsageHistory]] = {}
-        self._inflight: dict[int, asyncio.Task[UsageHistory]] = {}
+        self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
+            self._fetch, period_seconds, clock
+        )
 
     async def _fetch(self, window: int) -> UsageHistory:
-        wanted = history_queries(window)
-        names = list(wanted)
-        results = await asyncio.gather(
-            *(
-                self._prometheus.per_pod(
-                    wanted[n][0], f"history:{n}", wanted[n][1], wanted[n][2], timestamps=False
-                )
-                for n in names
-            ),
-            return_exceptions=True,
-        )
         history = UsageHistory(window_seconds=window, time=time.time())
-        for name, outcome in zip(names, results, strict=True):
-            if isinstance(outcome, SignalFailed):
-                history.errors[name] = outcome.problem
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                history.signals[name] = outcome
+        history.signals, history.errors = await self._prometheus.per_pod_batch(
+            history_queries(window), timestamps=False
+        )
         return history
 
     async def get(self, window: int) -> UsageHistory:
-        cached = self._latest.get(window)
-        if cached is not None and self._clock() - cached[0] < self._period:
-            return cached[1]
-        task = self._inflight.get(window)
-        if task is None:
-            task = self._inflight[window] = asyncio.create_task(self._fetch(window))
-        try:
-            history = await asyncio.shield(task)
-        finally:
-            if self._inflight.get(window) is task and task.done():
-                del self._inflight[window]
-        self._latest[window] = (self._clock(), history)
-        return history
+        return await self._cache.get(window)
 
 
 def usage(

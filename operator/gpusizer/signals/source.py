@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,30 @@ class PrometheusSource:
             raise SignalFailed(problem)
         return per_pod(result, scale=scale, combine=combine, now=time.time())
 
+    async def per_pod_batch(
+        self, wanted: Mapping[str, tuple[str, float, str]], timestamps: bool = True
+    ) -> tuple[dict[str, PodSamples], dict[str, Problem]]:
+        """Several per-pod signals at once (signal -> (PromQL, scale, combine)); a signal
+        whose query fails is in the second dict with the reason."""
+        names = list(wanted)
+        results = await asyncio.gather(
+            *(
+                self.per_pod(query, name, scale, combine, timestamps=timestamps)
+                for name, (query, scale, combine) in wanted.items()
+            ),
+            return_exceptions=True,
+        )
+        samples: dict[str, PodSamples] = {}
+        errors: dict[str, Problem] = {}
+        for name, outcome in zip(names, results, strict=True):
+            if isinstance(outcome, SignalFailed):
+                errors[name] = outcome.problem
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                samples[name] = outcome
+        return samples, errors
+
     async def snapshot(self, servers: Iterable[Server]) -> Snapshot:
         """The batched queries of one cycle: a constant number, whatever the workload count."""
         wanted: dict[str, tuple[str, float, str]] = dict(BATCHED_SIGNALS)
@@ -168,18 +192,7 @@ class PrometheusSource:
             if server in QUEUE_SERIES:
                 wanted[queue_signal(server)] = (QUEUE_SERIES[server], 1.0, "sum")
         snap = Snapshot(time=time.time())
-        names = list(wanted)
-        results = await asyncio.gather(
-            *(self.per_pod(wanted[n][0], n, wanted[n][1], wanted[n][2]) for n in names),
-            return_exceptions=True,
-        )
-        for name, outcome in zip(names, results, strict=True):
-            if isinstance(outcome, SignalFailed):
-                snap.errors[name] = outcome.problem
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                snap.signals[name] = outcome
+        snap.signals, snap.errors = await self.per_pod_batch(wanted)
         return snap
 
     async def custom_per_pod(self, promql: str) -> PodSamples | Problem:
