@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpusizer.vocabulary import EventReason
+
 from e2e.tests.conftest import REPO, Cluster
 from e2e.tests.operator_support import (
     Operator,
@@ -139,7 +141,8 @@ def main() -> int:
     elapsed = time.time() - started
     print("\n== what the operator did")
     for name in ("chat", "code"):
-        reasons = workloads.event_reasons(name)
+        ours = {r.value for r in EventReason}
+        reasons = [r for r in workloads.event_reasons(name) if r in ours]
         counts = {r: reasons.count(r) for r in sorted(set(reasons))}
         print(f"  {name}: events {counts}")
     print("\n== GPU time over the story, against static provisioning for the peak")
