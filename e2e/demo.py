@@ -8,6 +8,7 @@ ends with what the operator did and what it saved against static peak provisioni
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -161,6 +162,22 @@ def main() -> int:
         f"${total_static / 3600 * PRICE_PER_GPU_HOUR:.2f} at ${PRICE_PER_GPU_HOUR:.2f}/GPU-h: "
         f"{saved:.0%} saved"
     )
+    print("\n== right-sizing: what each GPU workload should run on (gpusizer recommend)")
+    report = subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "gpusizer"),
+            "recommend",
+            "--prometheus-url",
+            cluster.prometheus_url,
+            "--history-seconds",
+            "300",
+        ],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    print(report.stdout or report.stderr)
     print(
         f"\nThe cluster is still running: `source {STATE}/env`; stop it with `make cluster-down`."
     )
