@@ -7,6 +7,7 @@ rather than from import time, and dependencies arrive through kopf's memo.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,24 @@ def _count_requests(client: k8s.ApiClient) -> None:
     rest.request = counted
 
 
+def peering_priority(started: float, tiebreak: int | None = None) -> int:
+    """The older replica wins: kopf pauses every replica when peers share a priority (then
+    none acts), and a replica that starts later (a rolling update) waits for the one in charge
+    to leave instead of taking over mid-cycle."""
+    tiebreak = random.randrange(1000) if tiebreak is None else tiebreak
+    return -int(started * 1000) * 1000 + tiebreak
+
+
+def _without_finalizer(fn: Any) -> None:
+    """kopf puts a finalizer on every object that has a timer, so a WorkloadSizing deleted while
+    no operator runs (uninstalled, scaled to zero, crashed) would never go, nor its namespace.
+    A timer needs none: kopf stops it when the object is gone, and there is nothing to clean up
+    (the workload keeps its size). kopf then also removes its finalizer from existing objects."""
+    for handler in kopf.get_default_registry()._spawning.get_all_handlers():
+        if handler.fn is fn:
+            object.__setattr__(handler, "requires_finalizer", False)
+
+
 def register(settings: OperatorSettings) -> None:
     @kopf.on.startup()
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -78,6 +97,7 @@ def register(settings: OperatorSettings) -> None:
             settings.peering.name = config.peering
             settings.peering.standalone = False
             settings.peering.mandatory = True
+            settings.peering.priority = peering_priority(time.time())
         else:
             settings.peering.standalone = True
         client = api_client()
@@ -164,6 +184,8 @@ def register(settings: OperatorSettings) -> None:
         if outcome.status_patch:
             patch.status.update(outcome.status_patch)
             metrics.KUBE_API_REQUESTS.labels(verb="PATCH").inc()  # kopf applies it
+
+    _without_finalizer(size_workload)
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
     def forget_deleted(*, type: str, name: str, namespace: str | None, **_: Any) -> None:
