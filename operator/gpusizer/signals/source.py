@@ -120,8 +120,12 @@ class PrometheusSource:
                 f"{self._settings.url} refused the credentials ({exc}): check the bearer token "
                 "or basic auth settings",
             )
+        except requests.exceptions.JSONDecodeError as exc:  # a RequestException, yet answered
+            return None, self._failed(signal, Reason.QUERY_ERROR, f"unreadable response: {exc}")
         except requests.exceptions.Timeout as exc:
-            return None, self._failed(signal, Reason.PROMETHEUS_UNREACHABLE, f"timed out: {exc}")
+            return None, self._failed(
+                signal, Reason.PROMETHEUS_UNREACHABLE, f"timed out: {_cause(exc)}"
+            )
         except requests.exceptions.SSLError as exc:
             return None, self._failed(
                 signal,
@@ -131,7 +135,7 @@ class PrometheusSource:
             )
         except requests.exceptions.RequestException as exc:
             return None, self._failed(
-                signal, Reason.PROMETHEUS_UNREACHABLE, f"{self._settings.url}: {exc}"
+                signal, Reason.PROMETHEUS_UNREACHABLE, f"{self._settings.url}: {_cause(exc)}"
             )
         except OSError as exc:  # the token file (RequestException, caught above, is one too)
             return None, self._failed(
@@ -212,6 +216,17 @@ class PrometheusSource:
         if problem is not None:
             return None, problem
         return scalar(result)
+
+
+def _cause(exc: requests.exceptions.RequestException) -> str:
+    """The root cause first: urllib3's retry wrapper names the URL-encoded query before the
+    reason, which pushed "Read timed out" or "too many 503 error responses" out of the
+    condition message."""
+    inner = exc.args[0] if exc.args else None
+    reason = getattr(inner, "reason", None)
+    if isinstance(reason, BaseException):
+        return f"{type(reason).__name__}: {reason}"
+    return str(exc)
 
 
 class SignalFailed(Exception):
