@@ -1,0 +1,520 @@
+"""Scale benchmark: one operator, N WorkloadSizings, on the local GPU cluster with the emulator.
+
+For each size (ascending; the workloads of a size are kept for the next one) it creates N
+Deployments of one GPU replica and their WorkloadSizings, waits until every replica is ready and
+every WorkloadSizing has been decided, then measures:
+
+- change-to-write latency: the load of a sample of workloads is raised in the emulator (spread
+  over one scrape interval plus one sync period, so every phase is sampled) and one watch on the
+  Deployments records when each one's spec.replicas changes (p50, p95);
+- cycle: the time to decide every workload once, N / (decisions per second), from the
+  operator's gpusizer_reconcile_duration_seconds_count;
+- operator CPU (cores, from /proc/PID/stat over a steady window) and peak RSS (VmHWM);
+- Prometheus queries per cycle: delta of gpusizer_prometheus_query_duration_seconds_count over
+  the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per cycle);
+- API requests per cycle: delta of gpusizer_kube_api_requests_total (every request of the
+  operator's client, plus the status patches and events kopf sends for it) per cycle.
+
+Usage: python bench/scale.py [--sizes 100,1000,5000] [--out FILE] [--cluster-dir DIR]
+Without --cluster-dir it starts its own cluster (bench/nodepools-scale.yaml, sized for the
+largest size) in a temporary directory and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from e2e.tests.conftest import Cluster, run_script  # noqa: E402
+from e2e.tests.operator_support import (  # noqa: E402
+    H100,
+    Operator,
+    install_manifests,
+    service_account_kubeconfig,
+    sizing_spec,
+)
+
+NAMESPACE = "bench-scale"
+LABEL = "gpusizer.io/bench"
+GPUS_PER_NODE = 64
+HIGH_RPS = 30.0  # 3x one replica's 70 % target: every sample must scale up
+SCRAPE_SECONDS = 5.0  # cluster-up.sh's scrape_interval
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+# --- the operator process ---------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+BROKEN_DOWN = {
+    "gpusizer_prometheus_query_duration_seconds_count": "signal",
+    "gpusizer_kube_api_requests_total": "verb",
+}
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The operator's /metrics, summed per series name (labels dropped), plus the query and
+    API request counts per signal and verb as `name:value`."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        sums[name] = sums.get(name, 0.0) + float(value)
+        label = BROKEN_DOWN.get(name)
+        if label and f'{label}="' in name_labels:
+            value_of_label = name_labels.split(label + '="', 1)[1].split('"', 1)[0]
+            key = f"{name}:{value_of_label}"
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return sums
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+def workload_name(i: int) -> str:
+    return f"w{i:05d}"
+
+
+def deployment(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {LABEL: "scale"},
+            "annotations": {
+                "gpusim.gpusizer.io/capacity-rps": "10",
+                "gpusim.gpusizer.io/memory-mib": "16000",
+                "gpusim.gpusizer.io/startup-seconds": "2",
+            },
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": H100},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def workload_sizing(name: str) -> dict[str, Any]:
+    spec = sizing_spec(
+        name,
+        replicas={
+            "min": 1,
+            "max": 4,
+            "scaleDown": {
+                "stabilizationWindowSeconds": 30,
+                "maxReplicasPerStep": 4,
+                "periodSeconds": 5,
+            },
+        },
+    )
+    return {
+        "apiVersion": "gpusizer.io/v1alpha1",
+        "kind": "WorkloadSizing",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {LABEL: "scale"}},
+        "spec": spec,
+    }
+
+
+def apply_list(cluster: Cluster, items: list[dict[str, Any]]) -> None:
+    for start in range(0, len(items), 250):
+        chunk = {"apiVersion": "v1", "kind": "List", "items": items[start : start + 250]}
+        cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(chunk))
+
+
+def ready_deployments(apps: Any, names: set[str]) -> int:
+    items = apps.list_namespaced_deployment(NAMESPACE, label_selector=f"{LABEL}=scale").items
+    return sum(1 for d in items if d.metadata.name in names and (d.status.ready_replicas or 0) >= 1)
+
+
+def decided(custom: Any, names: set[str]) -> int:
+    items = custom.list_namespaced_custom_object(
+        "gpusizer.io", "v1alpha1", NAMESPACE, "workloadsizings", label_selector=f"{LABEL}=scale"
+    )["items"]
+    count = 0
+    for obj in items:
+        if obj["metadata"]["name"] not in names:
+            continue
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "MetricsAvailable" and c["status"] == "True" for c in conditions):
+            count += 1
+    return count
+
+
+def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> None:
+    names = [workload_name(i) for i in range(have, size)]
+    started = time.monotonic()
+    apply_list(cluster, [deployment(n) for n in names])
+    log(f"{len(names)} Deployments created in {time.monotonic() - started:.0f}s")
+    everyone = {workload_name(i) for i in range(size)}
+    wait_for(
+        lambda: ready_deployments(apps, everyone) == size,
+        timeout=300 + size * 0.6,
+        what=f"{size} ready Deployments",
+        interval=5,
+    )
+    log(f"{size} Deployments ready after {time.monotonic() - started:.0f}s")
+    apply_list(cluster, [workload_sizing(n) for n in names])
+    wait_for(
+        lambda: decided(custom, everyone) == size,
+        timeout=300 + size * 0.2,
+        what=f"{size} WorkloadSizings with MetricsAvailable=True",
+        interval=5,
+    )
+    log(f"{size} WorkloadSizings decided after {time.monotonic() - started:.0f}s")
+
+
+# --- change-to-write latency -------------------------------------------------------------------
+
+
+class ReplicaWatch:
+    """One watch on the benchmark's Deployments: when did each sample's spec.replicas change."""
+
+    def __init__(self, apps: Any, samples: set[str]) -> None:
+        self.apps = apps
+        self.samples = samples
+        self.changed: dict[str, float] = {}
+        self.all_changed = threading.Event()
+        self._stop = False
+        listed = apps.list_namespaced_deployment(NAMESPACE, label_selector=f"{LABEL}=scale")
+        self._rv = listed.metadata.resource_version
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop:
+            w = watch.Watch()
+            try:
+                self._follow(w)
+            except Exception as exc:  # 410 Gone or a dropped stream: list again, then watch
+                log(f"watch restarted: {exc}")
+                listed = self.apps.list_namespaced_deployment(
+                    NAMESPACE, label_selector=f"{LABEL}=scale"
+                )
+                self._rv = listed.metadata.resource_version
+
+    def _follow(self, w: Any) -> None:
+        for event in w.stream(
+            self.apps.list_namespaced_deployment,
+            NAMESPACE,
+            label_selector=f"{LABEL}=scale",
+            resource_version=self._rv,
+            timeout_seconds=30,
+        ):
+            obj = event["object"]
+            self._rv = obj.metadata.resource_version
+            name = obj.metadata.name
+            if name in self.samples and name not in self.changed and obj.spec.replicas > 1:
+                self.changed[name] = time.time()
+                if len(self.changed) == len(self.samples):
+                    self.all_changed.set()
+            if self._stop:
+                w.stop()
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def set_load(gpusim_url: str, name: str, rps: float) -> None:
+    r = requests.put(
+        f"{gpusim_url}/v1/workloads/{NAMESPACE}/{name}/load",
+        json={"requestsPerSecond": rps},
+        timeout=10,
+    )
+    r.raise_for_status()
+
+
+def latency(
+    cluster: Cluster, apps: Any, samples: list[str], spread: float
+) -> tuple[list[float], list[str]]:
+    watcher = ReplicaWatch(apps, set(samples))
+    changed_at: dict[str, float] = {}
+    t0 = time.time()
+    try:
+        for i, name in enumerate(samples):
+            due = t0 + spread * i / len(samples)  # a schedule, so every phase is sampled
+            time.sleep(max(0.0, due - time.time()))
+            set_load(cluster.gpusim_url, name, HIGH_RPS)
+            changed_at[name] = time.time()
+        watcher.all_changed.wait(timeout=120)
+    finally:
+        watcher.stop()
+        for name in samples:
+            set_load(cluster.gpusim_url, name, 0)
+    delays = [watcher.changed[n] - changed_at[n] for n in samples if n in watcher.changed]
+    missed = [n for n in samples if n not in watcher.changed]
+    return delays, missed
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+# --- one size ---------------------------------------------------------------------------------
+
+
+def measure(
+    cluster: Cluster, op: Operator, apps: Any, size: int, have: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    assert op.process is not None
+    pid = op.process.pid
+    window = max(args.window, 4 * args.sync_period)
+    m0, c0, t0 = scrape(op.metrics_port), cpu_seconds(pid), time.monotonic()
+    profile = None
+    if args.profile:
+        profile = Path(args.profile).with_suffix(f".{size}.txt")
+        subprocess.run(
+            [
+                str(REPO / ".venv" / "bin" / "py-spy"),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(window)),
+                "--rate",
+                "50",
+                "--format",
+                "raw",
+                "--output",
+                str(profile),
+                "--nonblocking",
+            ],
+            check=False,
+            capture_output=True,
+        )
+    remaining = window - (time.monotonic() - t0)
+    if remaining > 0:
+        time.sleep(remaining)  # the steady window: nothing to wait for, a duration to measure
+    m1, c1, t1 = scrape(op.metrics_port), cpu_seconds(pid), time.monotonic()
+
+    def delta(name: str) -> float:
+        return m1.get(name, 0.0) - m0.get(name, 0.0)
+
+    cycles = delta("gpusizer_snapshot_duration_seconds_count")
+    decisions = delta("gpusizer_reconcile_duration_seconds_count")
+    snapshot_s = delta("gpusizer_snapshot_duration_seconds_sum") / cycles if cycles else math.nan
+    reconcile_ms = (
+        1000 * delta("gpusizer_reconcile_duration_seconds_sum") / decisions
+        if decisions
+        else math.nan
+    )
+    fresh = list(range(have, size)) or list(range(size))
+    picks = random.Random(size).sample(fresh, min(args.sample, len(fresh)))
+    samples = [workload_name(i) for i in picks]
+    delays, missed = latency(cluster, apps, samples, SCRAPE_SECONDS + args.sync_period)
+    result = {
+        "p50_s": round(percentile(delays, 0.5), 2),
+        "p95_s": round(percentile(delays, 0.95), 2),
+        "cycle_s": round(size * (t1 - t0) / decisions, 2) if decisions else math.nan,
+        "cpu_cores": round((c1 - c0) / (t1 - t0), 3),
+        "rss_mib": round(peak_rss_mib(pid), 1),
+        "queries_per_cycle": round(
+            delta("gpusizer_prometheus_query_duration_seconds_count") / cycles, 2
+        )
+        if cycles
+        else math.nan,
+        "api_requests_per_cycle": round(delta("gpusizer_kube_api_requests_total") / cycles, 1)
+        if cycles
+        else math.nan,
+        "snapshot_s": round(snapshot_s, 3),
+        "per_cycle": {
+            key.split(":", 1)[1]: round(delta(key) / cycles, 2)
+            for key in sorted(m1)
+            if ":" in key and cycles and delta(key)
+        },
+        "reconcile_ms": round(reconcile_ms, 2),
+        "samples": len(samples),
+        "missed": missed,
+        "window_s": round(t1 - t0, 1),
+    }
+    if profile is not None:
+        result["profile"] = str(profile)
+    return result
+
+
+def nodepools_for(largest: int, gpus_wanted: int, sample: int, workdir: Path) -> Path:
+    pools = yaml.safe_load((REPO / "bench" / "nodepools-scale.yaml").read_text())
+    gpus = max(largest, gpus_wanted) + 4 * sample + GPUS_PER_NODE
+    pools["pools"][0]["count"] = max(2, math.ceil(gpus / GPUS_PER_NODE))
+    path = workdir / "nodepools.yaml"
+    path.write_text(yaml.safe_dump(pools))
+    return path
+
+
+def table(sizes: dict[str, dict[str, Any]]) -> str:
+    cols = [
+        ("size", "{}"),
+        ("p50_s", "{:.1f}"),
+        ("p95_s", "{:.1f}"),
+        ("cycle_s", "{:.1f}"),
+        ("cpu_cores", "{:.2f}"),
+        ("rss_mib", "{:.0f}"),
+        ("queries_per_cycle", "{:.1f}"),
+        ("api_requests_per_cycle", "{:.0f}"),
+        ("snapshot_s", "{:.2f}"),
+        ("reconcile_ms", "{:.1f}"),
+    ]
+    rows = [[c for c, _ in cols]]
+    for size, r in sizes.items():
+        rows.append([size] + [fmt.format(r[c]) for c, fmt in cols[1:]])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    lines = ("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", default="100,1000,5000", help="comma-separated workload counts")
+    p.add_argument("--out", help="write the results as JSON to this file")
+    p.add_argument("--cluster-dir", help="use (start if needed, never stop) this cluster state dir")
+    p.add_argument(
+        "--gpus", type=int, default=0, help="GPUs of a new cluster (default: the largest size)"
+    )
+    p.add_argument("--sync-period", type=float, default=5.0, help="the operator's --sync-period")
+    p.add_argument("--sample", type=int, default=30, help="workloads whose load changes per size")
+    p.add_argument("--window", type=float, default=40.0, help="steady window for CPU, cycles (s)")
+    p.add_argument("--log-level", default="info", help="the operator's --log-level")
+    p.add_argument(
+        "--operator-path",
+        help="import gpusizer from this directory (e.g. a worktree's operator/) to compare",
+    )
+    p.add_argument("--profile", help="py-spy raw profile of each window to FILE.<size>.txt")
+    args = p.parse_args()
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+
+    from kubernetes import client
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpusizer-bench-"))
+    state_dir = Path(args.cluster_dir).resolve() if args.cluster_dir else workdir / "cluster"
+    nodepools = nodepools_for(sizes[-1], args.gpus, args.sample, workdir)
+    log(f"starting the cluster in {state_dir} ({nodepools})")
+    up = run_script(
+        "cluster-up.sh",
+        state_dir,
+        GPUSIZER_NODEPOOLS=str(nodepools),
+        GPUSIZER_GPUSIM="1",
+        GPUSIZER_CLUSTER_TIMEOUT="900",
+    )
+    if up.returncode != 0:
+        print(up.stdout, up.stderr, file=sys.stderr)
+        return 1
+    cluster = Cluster.from_state_dir(state_dir)
+    op: Operator | None = None
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        install_manifests(cluster)
+        cluster.kubectl("create", "namespace", NAMESPACE, check=False)
+        os.environ["GPUSIZER_LOG_LEVEL"] = args.log_level
+        if args.operator_path:
+            os.environ["PYTHONPATH"] = str(Path(args.operator_path).resolve())
+        kubeconfig = service_account_kubeconfig(cluster, workdir / "operator.kubeconfig")
+        op = Operator(cluster, kubeconfig, workdir, sync_period=args.sync_period)
+        op.start()
+        api = cluster.api_client()
+        apps, custom = client.AppsV1Api(api), client.CustomObjectsApi(api)
+        have = 0
+        for size in sizes:
+            log(f"size {size}: creating {size - have} workloads")
+            grow(cluster, apps, custom, have, size)
+            results[str(size)] = measure(cluster, op, apps, size, have, args)
+            have = size
+            log(f"size {size}: {json.dumps(results[str(size)])}")
+            if args.out:
+                Path(args.out).write_text(
+                    json.dumps({"machine": machine(), "sizes": results}, indent=2) + "\n"
+                )
+    finally:
+        if op is not None:
+            op.stop()
+        if not args.cluster_dir:
+            run_script("cluster-down.sh", state_dir)
+    print(f"\nmachine: {json.dumps(machine())}")
+    print(f"sync period {args.sync_period}s, scrape interval {SCRAPE_SECONDS}s\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Faults on loopback for the e2e tests: a misbehaving Prometheus, an API server that goes away,
+and operator processes with options the session operator does not take.
+
+The proxies sit between one operator process and the real servers; nothing else goes through
+them, so the rest of the cluster (controllers, kwok, the emulator) never sees the fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import socket
+import struct
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+import yaml
+
+from e2e.tests.conftest import REPO, Cluster, wait_until
+from e2e.tests.operator_support import Operator
+from tests.support import free_port
+
+
+class PrometheusProxy:
+    """An HTTP proxy in front of Prometheus whose answers a test chooses.
+
+    Modes: ``pass`` (forward), ``slow`` (forward after ``delay`` seconds, longer than the
+    operator's query timeout), ``status`` (answer ``status_code`` without asking Prometheus),
+    ``garbage`` (200 with a body that is not JSON).
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.mode = "pass"
+        self.delay = 0.0
+        self.status_code = 500
+        self.served: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._release = threading.Event()  # set on shutdown: slow answers end at once
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                proxy._handle(self)
+
+            def do_POST(self) -> None:
+                proxy._handle(self)
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def set(self, mode: str, *, delay: float = 5.0, status_code: int = 500) -> None:
+        self.mode, self.delay, self.status_code = mode, delay, status_code
+
+    def count(self, mode: str) -> int:
+        with self._lock:
+            return self.served.get(mode, 0)
+
+    def _handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
+        mode = self.mode
+        with self._lock:
+            self.served[mode] = self.served.get(mode, 0) + 1
+        length = int(req.headers.get("Content-Length") or 0)
+        body = req.rfile.read(length) if length else None
+        if mode == "status":
+            self._answer(req, self.status_code, b'{"status":"error","error":"proxy fault"}')
+            return
+        if mode == "garbage":
+            self._answer(req, 200, b"<html>this is not the JSON you are looking for")
+            return
+        if mode == "slow" and self._release.wait(self.delay):
+            return  # shutting down
+        try:
+            upstream = requests.request(
+                req.command,
+                self.upstream + req.path,
+                data=body,
+                headers={"Content-Type": req.headers.get("Content-Type", "")},
+                timeout=30,
+            )
+        except requests.RequestException:
+            self._answer(req, 502, b"upstream unreachable")
+            return
+        with contextlib.suppress(OSError):  # the client gave up (timed out) meanwhile
+            self._answer(req, upstream.status_code, upstream.content)
+
+    @staticmethod
+    def _answer(req: http.server.BaseHTTPRequestHandler, code: int, body: bytes) -> None:
+        req.send_response(code)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)
+
+    def close(self) -> None:
+        self._release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST, as a crashed server's kernel does for its open connections."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class ApiServerProxy:
+    """A TCP proxy in front of kube-apiserver (TLS passes through untouched).
+
+    ``down()`` is what the operator sees when the API server process restarts: every open
+    connection (watches, in-flight requests) is reset, and every new one is reset at once until
+    ``up()``. Attempts made while down are counted, so a test can hold the outage until the
+    operator has noticed it rather than for a fixed time.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 443)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._down = False
+        self.refused = 0
+        self.accepted = 0
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                if self._down:
+                    self.refused += 1
+                    _reset(client)
+                    continue
+                self.accepted += 1
+            try:
+                server = socket.create_connection(self.upstream, timeout=10)
+            except OSError:
+                _reset(client)
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open.update((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._open.discard(source)
+                self._open.discard(sink)
+            _reset(source)
+            _reset(sink)
+
+    def down(self) -> None:
+        with self._lock:
+            self._down = True
+            self.refused = 0
+            victims = list(self._open)
+            self._open.clear()
+        for sock in victims:
+            _reset(sock)
+
+    def up(self) -> None:
+        with self._lock:
+            self._down = False
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+
+def kubeconfig_via(source: Path, server: str, path: Path) -> Path:
+    """A copy of ``source`` whose cluster entries point at ``server``."""
+    config = yaml.safe_load(source.read_text())
+    for entry in config.get("clusters", []):
+        entry["cluster"]["server"] = server
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@dataclass
+class FaultOperator(Operator):
+    """An Operator with extra command-line options and a name of its own, which does not take
+    over the session operator's Prometheus scrape target."""
+
+    name: str = "faults"
+    extra_args: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.starts += 1
+        log_path = self.workdir / f"operator-{self.name}-{self.starts}.log"
+        self.logs.append(log_path)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        command = [
+            str(REPO / ".venv" / "bin" / "gpusizer"),
+            "run",
+            "--prometheus-url",
+            self.prometheus_url or self.cluster.prometheus_url,
+            "--prometheus-timeout",
+            "3",
+            "--sync-period",
+            str(self.sync_period),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--health-address",
+            f"127.0.0.1:{self.health_port}",
+            "--log-format",
+            "plain",
+            *self.extra_args,
+        ]
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        wait_until(self._healthy, timeout=60, what=f"operator /healthz (log: {log_path})")
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    def decisions(self) -> float:
+        """How many WorkloadSizings this process has decided so far."""
+        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith("gpusizer_reconcile_duration_seconds_count"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+def install_peering(cluster: Cluster, name: str) -> None:
+    """kopf's peering CRDs (from the chart), a ClusterKopfPeering, and the RBAC the chart
+    grants for it when peering is enabled, bound to the operator's ServiceAccount."""
+    cluster.kubectl(
+        "apply", "-f", str(REPO / "charts" / "gpusizer" / "crds" / "kopf.dev_peerings.yaml")
+    )
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/clusterkopfpeerings.kopf.dev",
+    )
+    objects = [
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"gpusizer-peering-{name}"},
+            "rules": [
+                {
+                    "apiGroups": ["kopf.dev"],
+                    "resources": ["clusterkopfpeerings"],
+                    "resourceNames": [name],
+                    "verbs": ["get", "patch"],
+                },
+                {
+                    "apiGroups": ["kopf.dev"],
+                    "resources": ["clusterkopfpeerings"],
+                    "verbs": ["list", "watch"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"gpusizer-peering-{name}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"gpusizer-peering-{name}",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "gpusizer", "namespace": "gpusizer-system"}
+            ],
+        },
+    ]
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )

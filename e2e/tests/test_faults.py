@@ -1,0 +1,409 @@
+"""Faults around the operator: each test asserts that nothing is lost and nothing wrong is done.
+
+The session operator is stopped for this module; one operator of its own (``faulty``) talks to
+Prometheus and to the API server through loopback proxies that inject the faults, so exactly
+one operator acts at a time. Tests that need other processes (two peered replicas, a SIGKILL)
+stop ``faulty`` and the autouse fixture starts it again. Every wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from e2e.tests.conftest import Cluster, wait_until
+from e2e.tests.fault_support import (
+    ApiServerProxy,
+    FaultOperator,
+    PrometheusProxy,
+    install_peering,
+    kubeconfig_via,
+)
+from e2e.tests.operator_support import (
+    Operator,
+    Workloads,
+    service_account_kubeconfig,
+    sizing_spec,
+)
+
+RESHAPE = "gpusizer.io/reshape"
+
+
+@dataclass
+class Faults:
+    cluster: Cluster
+    prometheus: PrometheusProxy
+    api: ApiServerProxy
+    op: FaultOperator
+    direct_kubeconfig: Path  # the operator's identity, straight to the API server
+    workdir: Path
+
+    def operator(self, name: str, *extra: str) -> FaultOperator:
+        """Another operator process under the same identity, not through the proxies."""
+        return FaultOperator(
+            self.cluster,
+            self.direct_kubeconfig,
+            self.workdir,
+            sync_period=2.0,
+            name=name,
+            extra_args=list(extra),
+        )
+
+
+@pytest.fixture(scope="module")
+def faults(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faults]:
+    cluster = operator.cluster
+    workdir = tmp_path_factory.mktemp("faults")
+    operator.stop()  # only one operator acts at a time
+    prometheus = PrometheusProxy(cluster.prometheus_url)
+    api = ApiServerProxy(cluster.apiserver_url)
+    direct = service_account_kubeconfig(cluster, workdir / "direct.kubeconfig")
+    proxied = kubeconfig_via(direct, api.url, workdir / "proxied.kubeconfig")
+    op = FaultOperator(
+        cluster, proxied, workdir, sync_period=2.0, prometheus_url=prometheus.url, name="faulty"
+    )
+    op.start()
+    try:
+        yield Faults(cluster, prometheus, api, op, direct, workdir)
+    finally:
+        op.stop()
+        prometheus.close()
+        api.close()
+        operator.start()
+
+
+@pytest.fixture(autouse=True)
+def healthy(faults: Faults) -> Iterator[None]:
+    """Every test starts with both proxies passing through and ``faulty`` running."""
+    faults.prometheus.set("pass")
+    faults.api.up()
+    if not faults.op.running():
+        faults.op.start()
+    yield
+    faults.prometheus.set("pass")
+    faults.api.up()
+
+
+def generation(workloads: Workloads, name: str) -> int:
+    dep = workloads.cluster.kubectl_json("get", "deployment", name, "-n", workloads.namespace)
+    return int(dep["metadata"]["generation"])
+
+
+def holding_decisions(op: Operator, name: str) -> float:
+    return op.metric("gpusizer_decisions_total", name=name, reason="HoldingOnUnknownMetrics")
+
+
+def steady_at_three(workloads: Workloads, name: str, **spec: Any) -> None:
+    """A workload at 3 ready replicas, 70 % busy, decided with known metrics."""
+    workloads.deployment(name, replicas=3)
+    workloads.load(name, 21)
+    assert workloads.sizing(name, sizing_spec(name, **spec)).returncode == 0
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+    wait_until(lambda: workloads.ready(name) == 3, 90, what="3 ready")
+
+
+def scale_to_zero(namespace: str, name: str) -> dict[str, Any]:
+    wake = f'sum(gateway_pending_requests{{namespace="{namespace}",service="{name}"}})'
+    return {
+        "replicas": {"min": 0},
+        "scaleToZero": {"enabled": True, "idleSeconds": 4, "wakeQuery": wake},
+    }
+
+
+def test_prometheus_slow_holds_replicas(faults: Faults, workloads: Workloads) -> None:
+    held_through(faults, workloads, "slow", {"delay": 5.0}, {"PrometheusUnreachable"}, "timed out")
+
+
+def test_prometheus_500_holds_replicas(faults: Faults, workloads: Workloads) -> None:
+    held_through(faults, workloads, "status", {"status_code": 500}, {"QueryError"}, "500")
+
+
+def test_prometheus_503_holds_replicas(faults: Faults, workloads: Workloads) -> None:
+    held_through(
+        faults, workloads, "status", {"status_code": 503}, {"PrometheusUnreachable"}, "503"
+    )
+
+
+def test_prometheus_garbage_holds_replicas(faults: Faults, workloads: Workloads) -> None:
+    held_through(faults, workloads, "garbage", {}, {"QueryError"}, "unreadable response")
+
+
+def held_through(
+    faults: Faults,
+    workloads: Workloads,
+    mode: str,
+    options: dict[str, Any],
+    reasons: set[str],
+    says: str,
+) -> None:
+    """Prometheus answers badly: no scale-down, no scale to zero, a condition saying why, and
+    the real (idle) load acts once it answers again."""
+    name = "held"
+    steady_at_three(workloads, name, **scale_to_zero(workloads.namespace, name))
+    faults.prometheus.set(mode, **options)
+    condition = workloads.wait_condition(name, "MetricsAvailable", "False", timeout=60)
+    assert condition["reason"] in reasons, condition
+    assert says in condition["message"] and "Holding replicas" in condition["message"], condition
+    held, before = workloads.replicas(name), generation(workloads, name)
+
+    # With the fault on, the truth is "idle": idleSeconds and the scale-down window both pass
+    # several times over while the operator keeps deciding. It must hold every time.
+    workloads.load(name, 0)
+    holds = holding_decisions(faults.op, name)
+    wait_until(
+        lambda: holding_decisions(faults.op, name) >= holds + 8,
+        90,
+        what="eight more decisions during the fault",
+    )
+    assert faults.prometheus.count(mode) > 0
+    assert workloads.replicas(name) == held >= 3
+    assert generation(workloads, name) == before, "the operator wrote to the target"
+    scaled_to_zero = workloads.condition(name, "ScaledToZero")
+    assert scaled_to_zero is not None and scaled_to_zero["status"] == "False"
+    assert faults.op.running()
+
+    faults.prometheus.set("pass")
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=60)
+    # the real, idle load now acts: down, then to zero
+    workloads.wait_replicas(name, lambda n: n == 0, 120, "scaled to zero once metrics are back")
+
+
+def test_api_server_restart_mid_cycle_loses_nothing(faults: Faults, workloads: Workloads) -> None:
+    workloads.deployment("steady", replicas=2)
+    workloads.load("steady", 14)  # 2 replicas at 70 %
+    workloads.deployment("grow", replicas=1)
+    workloads.load("grow", 3)
+    for name in ("steady", "grow"):
+        assert workloads.sizing(name, sizing_spec(name)).returncode == 0
+        workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+    wait_until(lambda: workloads.ready("steady") == 2, 60, what="2 ready")
+    steady_generation = generation(workloads, "steady")
+    decided = faults.op.decisions()
+
+    workloads.load("grow", 30)  # needs 5: the decision is due while the API server is gone
+    workloads.deployment("late", replicas=1)
+    workloads.load("late", 3)
+    for flap in range(3):
+        faults.api.down()
+        wait_until(lambda: faults.api.refused >= 3, 60, what=f"outage {flap}: reconnects refused")
+        if flap == 1:  # created while the operator cannot see it: its watch must catch up
+            assert workloads.sizing("late", sizing_spec("late")).returncode == 0
+        faults.api.up()
+        reconnected = faults.api.accepted + 1
+        wait_until(
+            lambda n=reconnected: faults.api.accepted >= n, 60, what="the operator reconnected"
+        )
+    assert faults.op.running(), faults.op.log_tail()
+
+    grown = workloads.wait_replicas("grow", lambda n: n >= 4, 120, "the pending scale-up")
+    assert grown <= 8
+    workloads.wait_condition("late", "MetricsAvailable", "True", timeout=120)
+    assert workloads.status("late").get("currentReplicas") == 1
+    wait_until(lambda: faults.op.decisions() > decided + 10, 60, what="decisions resumed")
+    assert workloads.replicas("steady") == 2
+    assert generation(workloads, "steady") == steady_generation
+
+
+def test_write_conflicts_are_retried_on_a_later_cycle(faults: Faults, workloads: Workloads) -> None:
+    name = "contended"
+    workloads.deployment(name, replicas=1)
+    workloads.load(name, 0)
+    assert workloads.sizing(name, sizing_spec(name, replicas={"max": 4})).returncode == 0
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+
+    # Another writer changes the Deployment (its annotations, never its replicas) as fast as
+    # it can: the operator's /scale write carries the resourceVersion it read, so it meets 409s.
+    # Whenever a write gets through anyway, the test scales back to 1 so the operator has to
+    # write again, until one write has met a conflict.
+    apps = k8s.AppsV1Api(workloads.cluster.api_client())
+    stop = threading.Event()
+
+    def hammer(worker: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            body = {"metadata": {"annotations": {f"hammer-{worker}": str(i)}}}
+            try:
+                apps.patch_namespaced_deployment(name, workloads.namespace, body)
+            except Exception:
+                continue
+
+    threads = [threading.Thread(target=hammer, args=(w,), daemon=True) for w in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        workloads.load(name, 30)  # wants 4
+
+        def conflicted() -> bool:
+            if faults.op.metric("gpusizer_scale_writes_total", name=name, result="conflict"):
+                return True
+            if workloads.replicas(name) != 1:
+                workloads.cluster.kubectl(
+                    "scale", "deployment", name, "-n", workloads.namespace, "--replicas=1"
+                )
+            return False
+
+        wait_until(conflicted, 180, interval=0.5, what="a conflicting /scale write")
+        ok_at_conflict = faults.op.metric("gpusizer_scale_writes_total", name=name, result="ok")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    workloads.wait_replicas(name, lambda n: n == 4, 60, "the decision landed after the conflict")
+    assert faults.op.metric("gpusizer_scale_writes_total", name=name, result="ok") > ok_at_conflict
+    assert faults.op.metric("gpusizer_scale_writes_total", name=name, result="error") == 0
+    assert "changed" in faults.op.log_text()  # the conflict is logged with what happened
+    ready = workloads.condition(name, "Ready")
+    assert ready is not None and ready["status"] == "True"
+
+
+def test_two_peered_replicas_only_one_acts(faults: Faults, workloads: Workloads) -> None:
+    peering = "gpusizer-faults"
+    install_peering(workloads.cluster, peering)
+    workloads.deployment("peered", replicas=1)
+    workloads.load("peered", 0)
+    assert workloads.sizing("peered", sizing_spec("peered", replicas={"max": 4})).returncode == 0
+    faults.op.stop()
+    first = faults.operator("peer-a", "--peering", peering)
+    second = faults.operator("peer-b", "--peering", peering)
+    try:
+        first.start()
+        second.start()
+        workloads.wait_condition("peered", "MetricsAvailable", "True", timeout=120)
+        workloads.load("peered", 30)
+        workloads.wait_replicas("peered", lambda n: n == 4, 120, "scaled up by one of them")
+        # the status is also written by one replica only: compare decisions
+        pair = (first, second)
+        active = wait_until(
+            lambda: next((o for o in pair if o.decisions() > 0), None), 30, what="an active one"
+        )
+        standby = second if active is first else first
+        assert standby.metric("gpusizer_scale_writes_total", name="peered") == 0
+        assert active.metric("gpusizer_scale_writes_total", name="peered", result="ok") > 0
+        wait_until(
+            lambda: "Pausing operations in favour of" in standby.log_text(),
+            30,
+            what="the standby replica logging that it is paused",
+        )
+        assert standby.decisions() == 0
+
+        # the active one goes away: the standby takes over and acts
+        active.stop()
+        workloads.load("peered", 10)  # 10 / (10 x 0.7): 2 replicas
+        workloads.wait_replicas("peered", lambda n: n == 2, 120, "scaled down by the successor")
+        assert standby.decisions() > 0
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_target_deleted_then_recreated(faults: Faults, workloads: Workloads) -> None:
+    name = "phoenix"
+    workloads.deployment(name, replicas=1)
+    workloads.load(name, 3)
+    assert workloads.sizing(name, sizing_spec(name, replicas={"max": 4})).returncode == 0
+    workloads.wait_condition(name, "Ready", "True", "Acting", timeout=120)
+    workloads.cluster.kubectl("delete", "deployment", name, "-n", workloads.namespace)
+    condition = workloads.wait_condition(name, "Ready", "False", "TargetNotFound", timeout=60)
+    assert name in condition["message"]
+    wait_until(lambda: "TargetNotFound" in workloads.event_reasons(name), 30, what="event")
+    errors = faults.op.metric("gpusizer_reconcile_errors_total", name=name)
+
+    workloads.load(name, 30)
+    workloads.deployment(name, replicas=1)  # a new object: new uid, same name
+    workloads.wait_condition(name, "Ready", "True", timeout=60)
+    workloads.wait_replicas(name, lambda n: n == 4, 120, "acting on the new Deployment")
+    assert faults.op.metric("gpusizer_reconcile_errors_total", name=name) == errors
+
+
+def test_deleted_sizing_leaves_no_finalizer_and_workload_runs(
+    faults: Faults, workloads: Workloads
+) -> None:
+    ns = workloads.namespace
+    for name, replicas, rps in (("left", 2, 14), ("gone", 1, 3), ("witness", 1, 3)):
+        workloads.deployment(name, replicas=replicas)
+        workloads.load(name, rps)
+        assert workloads.sizing(name, sizing_spec(name)).returncode == 0
+    for name in ("left", "gone", "witness"):
+        workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+        obj = workloads.cluster.kubectl_json("get", "workloadsizing", name, "-n", ns)
+        assert not obj["metadata"].get("finalizers"), obj["metadata"]
+
+    def six_cycles() -> None:
+        seen = faults.op.metric("gpusizer_decisions_total", name="witness")
+        wait_until(
+            lambda: faults.op.metric("gpusizer_decisions_total", name="witness") >= seen + 6,
+            60,
+            what="six cycles of the operator",
+        )
+
+    # Deleted while the operator runs: it goes at once, and its timer stops.
+    workloads.cluster.kubectl("delete", "workloadsizing", "gone", "-n", ns, "--timeout=30s")
+    decided = faults.op.metric("gpusizer_decisions_total", name="gone")
+    six_cycles()
+    assert faults.op.metric("gpusizer_decisions_total", name="gone") == decided
+    assert workloads.replicas("gone") == 1
+
+    # Deleted while no operator runs: nothing may be left to hold the object.
+    before = generation(workloads, "left")
+    faults.op.stop()
+    workloads.cluster.kubectl("delete", "workloadsizing", "left", "-n", ns, "--timeout=30s")
+    faults.op.start()
+    workloads.load("left", 0)  # what the sizing would have scaled down on: nobody acts now
+    six_cycles()
+    assert workloads.replicas("left") == 2 and generation(workloads, "left") == before
+    assert faults.op.metric("gpusizer_decisions_total", name="left") == 0
+    wait_until(lambda: workloads.ready("left") == 2, 30, what="the workload still serving")
+
+
+def reshape_state(workloads: Workloads, name: str) -> dict[str, Any] | None:
+    raw = workloads.template(name)["metadata"].get("annotations", {}).get(RESHAPE)
+    return json.loads(raw) if raw else None
+
+
+def test_sigkill_mid_reshape_finishes_once(faults: Faults, workloads: Workloads) -> None:
+    name = "reshaped"
+    # a 12 GiB model on whole H100s at 5 % busy: right-sizing moves it to a MIG slice; the
+    # new pods take 20 s to load, so the reshape is still in flight when the operator dies
+    workloads.deployment(name, replicas=2, memory_mib=12288, startup_seconds=20)
+    workloads.load(name, 1)
+    spec = sizing_spec(
+        name,
+        replicas={"min": 1, "max": 4},
+        rightSizing={
+            "mode": "Auto",
+            "historySeconds": 60,
+            "allowedSlices": ["gpu-h100", "mig-1g.10gb", "mig-2g.20gb", "mig-3g.40gb"],
+            "minSavingsPercent": 15,
+        },
+    )
+    assert workloads.sizing(name, spec).returncode == 0
+
+    def in_flight() -> dict[str, Any] | None:
+        state = reshape_state(workloads, name)
+        return state if state and state["state"] == "InProgress" else None
+
+    started = wait_until(in_flight, 300, interval=0.2, what="a reshape in flight")
+    faults.op.stop(signal.SIGKILL)
+    template = workloads.template(name)["spec"]["template"]
+    faults.op.start()
+
+    moved = workloads.wait_condition(name, "RightSized", "True", "RightSized", timeout=180)
+    assert started["to"]["slice"] in moved["message"], moved
+    done = reshape_state(workloads, name)
+    assert done is not None and done["state"] == "Done"
+    assert done["started"] == started["started"], "the restarted operator reshaped again"
+    assert workloads.template(name)["spec"]["template"] == template
+    limits = template["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {started["to"]["resource"]: "1"}
+    # the killed process may have died before posting its event, never a second one
+    assert workloads.event_reasons(name).count("ReshapeStarted") <= 1
+    wait_until(lambda: workloads.ready(name) >= 1, 60, what="a ready replica on the new slice")
