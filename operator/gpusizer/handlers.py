@@ -78,16 +78,6 @@ def peering_priority(started: float, tiebreak: int | None = None) -> int:
     return -int(started * 1000) * 1000 + tiebreak
 
 
-def _without_finalizer(fn: Any) -> None:
-    """kopf puts a finalizer on every object that has a timer, so a WorkloadSizing deleted while
-    no operator runs (uninstalled, scaled to zero, crashed) would never go, nor its namespace.
-    A timer needs none: kopf stops it when the object is gone, and there is nothing to clean up
-    (the workload keeps its size). kopf then also removes its finalizer from existing objects."""
-    for handler in kopf.get_default_registry()._spawning.get_all_handlers():
-        if handler.fn is fn:
-            object.__setattr__(handler, "requires_finalizer", False)
-
-
 def register(settings: OperatorSettings) -> None:
     @kopf.on.startup()
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -184,8 +174,6 @@ def register(settings: OperatorSettings) -> None:
         if outcome.status_patch:
             patch.status.update(outcome.status_patch)
             metrics.KUBE_API_REQUESTS.labels(verb="PATCH").inc()  # kopf applies it
-
-    _without_finalizer(size_workload)
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
     def forget_deleted(*, type: str, name: str, namespace: str | None, **_: Any) -> None:
