@@ -6,6 +6,7 @@ The kubernetes client is blocking; every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,39 @@ class SliceChange:
     annotations: Mapping[str, str]
 
 
+# Kinds whose /scale is spec.replicas and spec.selector of the object itself (the API server's
+# own scale subresource for them), so one GET reads both.
+_SCALE_IN_SPEC = {("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("apps/v1", "ReplicaSet")}
+
+
+def selector_string(selector: Mapping[str, Any] | None) -> str:
+    """A LabelSelector as the string the /scale subresource shows in status.selector."""
+    selector = selector or {}
+    terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        key, op = expr.get("key"), expr.get("operator")
+        values = ",".join(sorted(expr.get("values") or []))
+        if op == "In":
+            terms.append(f"{key} in ({values})")
+        elif op == "NotIn":
+            terms.append(f"{key} notin ({values})")
+        elif op == "Exists":
+            terms.append(str(key))
+        elif op == "DoesNotExist":
+            terms.append(f"!{key}")
+    return ",".join(terms)
+
+
+def _scale_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    spec = obj.get("spec") or {}
+    replicas = spec.get("replicas")
+    return {
+        "spec": {"replicas": 1 if replicas is None else replicas},
+        "status": {"selector": selector_string(spec.get("selector"))},
+        "metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
+    }
+
+
 class Targets:
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self._api_client = api_client
@@ -86,8 +120,15 @@ class Targets:
     def _read(self, namespace: str, ref: TargetRef) -> TargetView:
         resource, scale_resource = self._resource(ref)
         try:
-            obj = resource.get(name=ref.name, namespace=namespace).to_dict()
-            scale = scale_resource.get(name=ref.name, namespace=namespace).to_dict()
+            # raw JSON: the dynamic client's ResourceInstance wrapping costs more CPU than the
+            # request itself, and this runs for every workload every cycle
+            obj = json.loads(resource.get(name=ref.name, namespace=namespace, serialize=False).data)
+            if (ref.api_version, ref.kind) in _SCALE_IN_SPEC:
+                scale = _scale_of(obj)  # the object already says what /scale would
+            else:
+                scale = json.loads(
+                    scale_resource.get(name=ref.name, namespace=namespace, serialize=False).data
+                )
         except NotFoundError as exc:
             raise TargetNotFound(
                 f"spec.targetRef: {ref.kind} {namespace}/{ref.name} does not exist"
