@@ -355,6 +355,7 @@ def measure(
                 str(int(window)),
                 "--rate",
                 "50",
+                "--gil",  # CPU spent in Python, not threads waiting on sockets
                 "--format",
                 "raw",
                 "--output",
