@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from gpusizer.signals.source import PrometheusSettings, PrometheusSource
 
 log = logging.getLogger(__name__)
 
+WORKER_THREADS = 32
+
 
 @dataclass(frozen=True)
 class OperatorSettings:
@@ -56,7 +59,10 @@ def api_client() -> k8s.ApiClient:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
         k8s_config.load_kube_config()
-    client = k8s.ApiClient()
+    configuration = k8s.Configuration.get_default_copy()
+    # one connection per worker thread; urllib3 otherwise opens (TLS) and drops extra ones
+    configuration.connection_pool_maxsize = WORKER_THREADS
+    client = k8s.ApiClient(configuration)
     _count_requests(client)
     return client
 
@@ -135,6 +141,12 @@ def register(settings: OperatorSettings) -> None:
             settings.peering.priority = peering_priority(time.time())
         else:
             settings.peering.standalone = True
+        # Every workload's target read, scale write and Prometheus query runs in a worker
+        # thread; asyncio's default pool has min(32, CPUs + 4) threads, 6 on two cores, which
+        # held 1,000 workloads to a 28 s cycle waiting for threads (bench/scale.py).
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="gpusizer")
+        )
         client = api_client()
         prometheus = PrometheusSource(config.prometheus)
         catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
