@@ -71,8 +71,8 @@ def faults(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iter
     op = FaultOperator(
         cluster, proxied, workdir, sync_period=2.0, prometheus_url=prometheus.url, name="faulty"
     )
-    op.start()
     try:
+        op.start()
         yield Faults(cluster, prometheus, api, op, direct, workdir)
     finally:
         op.stop()
