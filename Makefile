@@ -64,7 +64,11 @@ cluster-down: ## Stop every process the local cluster started and remove its sta
 
 .PHONY: e2e
 e2e: venv prometheus cluster-binary helm ## End-to-end tests on the local GPU cluster (starts its own)
-	$(BIN)/pytest -q e2e/tests
+	$(BIN)/pytest -q e2e/tests --ignore=e2e/tests/test_faults.py
+
+.PHONY: e2e-faults
+e2e-faults: venv prometheus cluster-binary helm ## Fault-injection e2e tests (Prometheus, API server, peering, kills)
+	$(BIN)/pytest -q e2e/tests/test_faults.py
 
 .PHONY: test
 test: lint unit integration e2e ## Everything CI runs: lint, types, unit, integration, e2e
