@@ -368,12 +368,14 @@ def test_deleted_sizing_leaves_no_finalizer_and_workload_runs(
     # Deleted while no operator runs: kopf's finalizer holds it (Terminating) until an operator
     # is back, which then lets it go without deciding it once more or touching the workload.
     faults.op.stop()
-    left_replicas, before = workloads.replicas("left"), generation(workloads, "left")
-    workloads.cluster.kubectl("delete", "workloadsizing", "left", "-n", ns, "--wait=false")
-    obj = workloads.cluster.kubectl_json("get", "workloadsizing", "left", "-n", ns)
-    assert obj["metadata"].get("deletionTimestamp"), obj["metadata"]
-    workloads.load("left", 0)  # what the sizing would have scaled down on: nobody acts now
-    faults.op.start()
+    try:
+        left_replicas, before = workloads.replicas("left"), generation(workloads, "left")
+        workloads.cluster.kubectl("delete", "workloadsizing", "left", "-n", ns, "--wait=false")
+        obj = workloads.cluster.kubectl_json("get", "workloadsizing", "left", "-n", ns)
+        assert obj["metadata"].get("deletionTimestamp"), obj["metadata"]
+        workloads.load("left", 0)  # what the sizing would have scaled down on: nobody acts now
+    finally:
+        faults.op.start()  # the namespace's deletion needs an operator to release finalizers
     wait_until(lambda: not exists("left"), 30, what="the finalizer released after the restart")
     six_cycles()
     assert workloads.replicas("left") == left_replicas >= 2
