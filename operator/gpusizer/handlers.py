@@ -242,6 +242,9 @@ def register(settings: OperatorSettings) -> None:
             metrics.KUBE_API_REQUESTS.labels(verb="PATCH").inc()  # kopf applies it
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
-    def forget_deleted(*, type: str, name: str, namespace: str | None, **_: Any) -> None:
+    def forget_deleted(
+        *, type: str, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
+    ) -> None:
         if type == "DELETED" and namespace:
             metrics.forget(namespace, name)
+            memo.deps.forget(namespace, name)

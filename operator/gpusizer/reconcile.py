@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,6 +47,8 @@ from gpusizer.vocabulary import ConditionType, EventReason, Reason
 log = logging.getLogger(__name__)
 
 PAUSE_ANNOTATION = "gpusizer.io/paused"
+# The observation and condition wording are rewritten at most this often without another change.
+STATUS_REFRESH_SECONDS = 60.0
 
 
 @dataclass
@@ -104,6 +106,12 @@ class Dependencies:
     cycles: CycleCache
     rightsizing: RightSizingSettings
     tenancy: Tenancy = field(default_factory=Tenancy)
+    status_refresh_seconds: float = STATUS_REFRESH_SECONDS
+    # when this process last decided each workload: see History.decided_at
+    decided: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.decided.pop((namespace, name), None)
 
 
 @dataclass(frozen=True)
@@ -164,7 +172,8 @@ async def reconcile(
         merged = merge_conditions(old_conditions, conditions, now, generation)
         metrics.set_conditions(namespace, name, merged)
         status = {**status, "observedGeneration": generation, "conditions": merged}
-        return Outcome(status_patch=status_patch(status_raw, status), events=events)
+        patch = status_patch(status_raw, status, now, deps.status_refresh_seconds)
+        return Outcome(status_patch=patch, events=events)
 
     try:
         spec = WorkloadSizingSpec.model_validate(spec_raw)
@@ -225,10 +234,11 @@ async def reconcile(
         starting=sum(1 for p in owned if p.starting),
         unobserved=signals.unobserved,
     )
-    history = history_from_status(status_raw).seeded(
-        now, target.replicas, spec.replicas.scale_down.stabilization_window_seconds
+    history = replace(
+        history_from_status(status_raw), decided_at=deps.decided.get((namespace, name))
     )
     decision = decide_replicas(spec, counts, signals.signals, history, now)
+    deps.decided[(namespace, name)] = now
     metrics.DECISIONS.labels(namespace, name, decision.reason.value).inc()
     metrics.DESIRED_REPLICAS.labels(namespace, name).set(decision.desired)
     metrics.CURRENT_REPLICAS.labels(namespace, name).set(target.replicas)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from gpusizer.policy.replicas import (
     Signals,
     decide_replicas,
 )
+from gpusizer.report.status import history_from_status, history_to_status
 from gpusizer.vocabulary import Reason
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -176,7 +177,8 @@ def test_stabilisation_windows(
     held: bool,
 ) -> None:
     spec = make_spec(util=70, up=(up_window, 100, 15), down=(down_window, 100, 15))
-    history = History(recommendations=past)
+    # decided at the last entry's time: each entry is one reading, as in HPA's list
+    history = History(recommendations=past, decided_at=past[-1][0])
     decision = decide_replicas(spec, counts(8), Signals(gpu_utilization=util), history, NOW)
     assert decision.desired == desired
     assert (decision.limited_by == Reason.STABILIZATION_WINDOW) == held
@@ -392,31 +394,51 @@ def test_zero_without_scale_to_zero_is_left_alone() -> None:
 
 
 def _persisted(history: History) -> History:
-    """Through JSON and back, as the status fields would carry it."""
-    data = json.loads(json.dumps(dataclasses.asdict(history)))
-    return History(
-        recommendations=tuple((t, n) for t, n in data["recommendations"]),
-        scale_events=tuple(ScaleEventRecord(**e) for e in data["scale_events"]),
-        last_active_time=data["last_active_time"],
-    )
+    """Through the status and back, as a restarted operator reads it."""
+    status = history_to_status(history)
+    status["conditions"] = [{"type": "ScaledToZero", "reason": "Idle"}]
+    return history_from_status(json.loads(json.dumps(status)))
 
 
-def test_history_survives_a_restart() -> None:
-    spec = make_spec(util=70, queue=4, minimum=0, zero=True, up=(0, 4, 15), down=(300, 2, 15))
-    loads = [300.0, 300.0, 20.0, 20.0, 20.0, 1.0, 1.0]
+def test_a_steady_recommendation_changes_no_persisted_field() -> None:
+    spec = make_spec(util=70, down=(120, 100, 15))
+    history = History()
+    written = []
+    for i in range(20):
+        decision = decide_replicas(
+            spec, counts(4), Signals(gpu_utilization=70.0), history, NOW + 15 * i
+        )
+        history = decision.history
+        written.append(history_to_status(replace(history, last_active_time=None)))
+    assert all(w == written[0] for w in written)
+
+
+def test_a_restart_loses_nothing_and_never_scales_down_sooner() -> None:
+    spec = make_spec(util=70, queue=4, minimum=0, zero=True, up=(0, 4, 15), down=(120, 2, 15))
+    loads = [300.0, 300.0, *[20.0] * 10, 1.0]
     history = History()
     current = 2
+    trajectory = []
     for i, util in enumerate(loads):
         now = NOW + 15 * i
         signals = Signals(gpu_utilization=util, queue_total=0.0, wake_demand=0.0)
         kept = decide_replicas(spec, counts(current), signals, history, now)
+        trajectory.append(kept.desired)
         restarted = decide_replicas(spec, counts(current), signals, _persisted(history), now)
-        assert kept == restarted
+        # a restart holds what the target has for one down window, and changes nothing else
+        assert restarted.desired == max(kept.desired, current)
         history = kept.history
         if kept.desired != current:
             history = history.with_scale_event(now, current, kept.desired)
             current = kept.desired
-    assert current == 10  # +4 per period up, then held by the 300 s down window
+        back = _persisted(history)
+        assert (back.recommendations, back.scale_events) == (
+            history.recommendations,
+            history.scale_events,
+        )
+    # +4 per period; 10 held for 120 s after the last reading that asked for it (t=15);
+    # then -2 per period, and at t=180 the window's highest reading (3) holds
+    assert trajectory == [6, 10, *[10] * 7, 8, 6, 4, 3]
 
 
 # --- properties ---------------------------------------------------------------------------------
@@ -452,10 +474,13 @@ def situations(draw: st.DrawFn) -> tuple[WorkloadSizingSpec, ReplicaCounts, Sign
             max_size=4,
         )
     )
+    recommendations = tuple(sorted(recs))
+    last_reading = recommendations[-1][0] if recommendations else NOW - 1
     history = History(
-        recommendations=tuple(sorted(recs)),
+        recommendations=recommendations,
         scale_events=tuple(ScaleEventRecord(*e) for e in sorted(events)),
         last_active_time=draw(st.one_of(st.none(), st.floats(NOW - 2000, NOW))),
+        decided_at=draw(st.one_of(st.none(), st.floats(last_reading, NOW - 1))),
     )
     signals = Signals(
         gpu_utilization=draw(maybe_util),
@@ -534,7 +559,8 @@ def test_stabilisation_respected(
         return  # the bounds are hard and come after stabilisation
     up_window = spec.replicas.scale_up.stabilization_window_seconds
     down_window = spec.replicas.scale_down.stabilization_window_seconds
-    recorded = decision.history.recommendations
+    finished, running = decision.history.recommendations[:-1], decision.history.recommendations[-1]
+    recorded = [*finished, (NOW, running[1])]  # the running entry is the reading made now
     if decision.desired < current:
         assert all(n <= decision.desired for t, n in recorded if t > NOW - down_window)
     if decision.desired > current:
@@ -609,18 +635,23 @@ def test_the_purity_check_can_fail(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("history", "desired_at", "label"),
     [
-        (History(), {0: 4, 119: 4, 121: 1}, "no history: the present counts, the window holds"),
-        (History(recommendations=((-500.0, 4),)), {0: 4, 121: 1}, "only stale history"),
-        (History(recommendations=((-10.0, 1),)), {0: 1}, "recent history is left as it is"),
+        (History(), {0: 4, 119: 4, 121: 1}, "a new object: the present counts, the window holds"),
+        (History(recommendations=((-500.0, 4),)), {0: 4, 119: 4, 121: 1}, "restart, old history"),
+        (History(recommendations=((-10.0, 1),)), {0: 4, 119: 4, 121: 1}, "restart, low history"),
+        (
+            History(recommendations=((-10.0, 1),), decided_at=-10.0),
+            {0: 1},
+            "same process: its recent history is used as it is",
+        ),
     ],
 )
-def test_seeding_an_empty_history_respects_the_down_window(
+def test_a_first_decision_holds_the_target_for_one_down_window(
     history: History, desired_at: dict[int, int], label: str
 ) -> None:
     spec = make_spec(down=(120, 100, 15))
     low = Signals(gpu_utilization=5.0, queue_total=0.0)
-    state = history.seeded(0.0, 4, 120)
+    current = 4
     for t in sorted(desired_at):
-        decision = decide_replicas(spec, counts(4), low, state, float(t))
+        decision = decide_replicas(spec, counts(current), low, history, float(t))
         assert decision.desired == desired_at[t], f"{label} at t={t}"
-        state = decision.history
+        history = decision.history

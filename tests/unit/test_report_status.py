@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from gpusizer.policy.replicas import History, ScaleEventRecord
 from gpusizer.report.status import (
     ConditionState,
@@ -10,26 +13,43 @@ from gpusizer.report.status import (
     merge_conditions,
     status_patch,
 )
+from gpusizer.timefmt import iso
 from gpusizer.vocabulary import ConditionType, Reason
 
 T0 = 1_800_000_000.0
 
 
-def test_history_round_trip_keeps_window_extremes() -> None:
+IDLE_CONDITION = {"type": "ScaledToZero", "status": "False", "reason": "Idle"}
+ACTIVE_CONDITION = {"type": "ScaledToZero", "status": "False", "reason": "Active"}
+
+
+def test_history_round_trip() -> None:
     history = History(
-        recommendations=((T0, 4), (T0 + 15, 4), (T0 + 30, 6), (T0 + 45, 6), (T0 + 60, 3)),
+        recommendations=((T0 + 15, 4), (T0 + 45, 6), (T0 + 60, 3)),
         scale_events=(ScaleEventRecord(T0 + 30, 4, 6),),
         last_active_time=T0 + 60,
+        decided_at=T0 + 75,
     )
-    status = history_to_status(history)
-    assert len(status["recommendations"]) == 3  # runs collapse to their latest entry
+    status = {**history_to_status(history), "conditions": [IDLE_CONDITION]}
     back = history_from_status(status)
-    assert back.scale_events == history.scale_events
-    assert back.last_active_time == history.last_active_time
-    for start in (T0 - 1, T0 + 10, T0 + 40, T0 + 50):
-        window = [n for t, n in history.recommendations if t > start]
-        kept = [n for t, n in back.recommendations if t > start]
-        assert (max(window), min(window)) == (max(kept), min(kept))
+    # what this process knows of its own last decision is not persisted
+    assert back == History(
+        recommendations=history.recommendations,
+        scale_events=history.scale_events,
+        last_active_time=history.last_active_time,
+    )
+
+
+def test_last_active_time_counts_only_while_idle() -> None:
+    """While active it is written only with other changes, so it lags: a restarted operator
+    must not read an old value as the start of an idle spell."""
+    status = {"lastActiveTime": "2027-01-01T00:00:00Z"}
+    assert (
+        history_from_status({**status, "conditions": [ACTIVE_CONDITION]}).last_active_time is None
+    )
+    assert history_from_status(status).last_active_time is None
+    idle = history_from_status({**status, "conditions": [IDLE_CONDITION]})
+    assert idle.last_active_time is not None
 
 
 def test_history_ignores_garbage_entries() -> None:
@@ -58,9 +78,43 @@ def test_transition_time_moves_only_on_status_flip() -> None:
     assert flip[0]["observedGeneration"] == 2
 
 
-def test_patch_is_empty_when_only_the_observation_clock_moved() -> None:
-    old = {"currentReplicas": 2, "observation": {"gpuUtilization": 50.0, "time": "t1"}}
-    new = {"currentReplicas": 2, "observation": {"gpuUtilization": 50.0, "time": "t2"}}
-    assert status_patch(old, new) == {}
-    changed = {"currentReplicas": 3, "observation": {"gpuUtilization": 61.0, "time": "t2"}}
-    assert status_patch(old, changed) == changed
+def _status(replicas: int, util: float, at: float, message: str = "m") -> dict[str, Any]:
+    return {
+        "currentReplicas": replicas,
+        "lastActiveTime": iso(at),
+        "observation": {"gpuUtilization": util, "time": iso(at)},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Acting", "message": message}],
+    }
+
+
+def test_readings_alone_are_written_once_a_refresh_period() -> None:
+    old = _status(2, 50.0, T0)
+    for moved in (_status(2, 61.3, T0 + 15), _status(2, 61.3, T0 + 15, message="util 61.3%")):
+        assert status_patch(old, moved, T0 + 15, refresh_seconds=60) == {}
+    later = _status(2, 61.3, T0 + 60, message="util 61.3%")
+    assert status_patch(old, later, T0 + 60, refresh_seconds=60) == {
+        k: later[k] for k in ("lastActiveTime", "observation", "conditions")
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "value"),
+    [
+        ("currentReplicas", 3),
+        ("conditions", [{"type": "Ready", "status": "False", "reason": "Acting", "message": "m"}]),
+        ("conditions", [{"type": "Ready", "status": "True", "reason": "Paused", "message": "m"}]),
+        ("recommendations", [{"time": "2027-01-01T00:00:00Z", "replicas": 3}]),
+    ],
+)
+def test_a_material_change_is_written_at_once_with_the_readings(change: str, value: Any) -> None:
+    old = _status(2, 50.0, T0)
+    new = {**_status(2, 61.3, T0 + 15), change: value}
+    patch = status_patch(old, new, T0 + 15, refresh_seconds=60)
+    assert patch[change] == value
+    assert patch["observation"] == new["observation"]
+
+
+def test_nothing_changed_nothing_written() -> None:
+    old = _status(2, 50.0, T0)
+    assert status_patch(old, old, T0 + 3600, refresh_seconds=60) == {}
+    assert status_patch({}, old, T0, refresh_seconds=60) == old

@@ -50,20 +50,22 @@ class ScaleEventRecord:
 
 @dataclass(frozen=True)
 class History:
-    """Everything a decision depends on besides the present: persisted in the status."""
+    """Everything a decision depends on besides the present: persisted in the status.
+
+    `recommendations` are runs of equal values. Every entry but the last is a finished run,
+    stamped with the last time its value was recommended; the last entry is the run still going
+    on, stamped with its start, and its value holds until the decision that reads it. So the
+    persisted list changes only when the recommendation does, and a steady workload costs no
+    status write.
+    """
 
     recommendations: tuple[tuple[float, int], ...] = ()
     scale_events: tuple[ScaleEventRecord, ...] = ()
     last_active_time: float | None = None
-
-    def seeded(self, now: float, current: int, window_seconds: float) -> History:
-        """With nothing recommended inside the down window (a new WorkloadSizing, or an
-        operator down for longer than the window), the replicas the target has count as a
-        recommendation made now: a scale-down then waits out the window instead of acting on
-        the first reading, which HPA would."""
-        if current <= 0 or any(t > now - window_seconds for t, _ in self.recommendations):
-            return self
-        return replace(self, recommendations=(*self.recommendations, (now, current)))
+    # When this process last decided: closes the running entry exactly. None after a restart
+    # (or for a new object): the decision then holds what the target has for one down window,
+    # because the operator did not see the time it was away.
+    decided_at: float | None = None
 
     def with_scale_event(self, now: float, from_replicas: int, to_replicas: int) -> History:
         """Record a change that was actually made (Recommend mode records none)."""
@@ -103,11 +105,13 @@ def decide_replicas(
     last_active = history.last_active_time
     if last_active is None or not idle:
         last_active = now
+    previous_decision = history.decided_at
     history = replace(
         history,
         last_active_time=last_active,
         recommendations=_prune_recommendations(history.recommendations, rules, now),
         scale_events=_prune_events(history.scale_events, rules, now),
+        decided_at=now,
     )
     unknown_note = f"; unknown: {', '.join(signals.unknown_reasons or missing)}" if missing else ""
 
@@ -140,7 +144,15 @@ def decide_replicas(
         raw, limited = rules.maximum, Reason.AT_MAX
     elif raw < floor:
         raw, limited = floor, Reason.AT_MIN
-    history = replace(history, recommendations=(*history.recommendations, (now, raw)))
+    recommendations = history.recommendations
+    if (previous_decision is None or not recommendations) and raw < counts.current:
+        # The replicas the target has count as recommended now, so the first reading of a
+        # new object, after a restart or after a wake, never scales down inside the window.
+        recommendations = _recommend(recommendations, counts.current, None, now)
+        previous_decision = now
+    history = replace(
+        history, recommendations=_recommend(recommendations, raw, previous_decision, now)
+    )
 
     desired = _stabilize(history.recommendations, rules, counts.current, now)
     if desired != raw:
@@ -286,18 +298,22 @@ def _proposal(
 
 
 def _stabilize(
-    recommendations: Iterable[tuple[float, int]],
+    recommendations: tuple[tuple[float, int], ...],
     rules: ReplicasSpec,
     current: int,
     now: float,
 ) -> int:
     """HPA's rule: up to the lowest recommendation of the up window, down to the highest of
-    the down window, so a brief dip or spike does not move the workload."""
+    the down window, so a brief dip or spike does not move the workload. The running entry is
+    the recommendation made now."""
     up_window = rules.scale_up.stabilization_window_seconds
     down_window = rules.scale_down.stabilization_window_seconds
-    recent = list(recommendations)
-    up_values = [n for t, n in recent if t > now - up_window or t == now]
-    down_values = [n for t, n in recent if t > now - down_window or t == now]
+    finished, running = recommendations[:-1], recommendations[-1][1]
+    up_values = [running, *(n for t, n in finished if t > now - up_window and up_window > 0)]
+    down_values = [
+        running,
+        *(n for t, n in finished if t > now - down_window and down_window > 0),
+    ]
     desired = current
     up_recommendation = min(up_values)
     down_recommendation = max(down_values)
@@ -339,10 +355,30 @@ def _step_limit(
 def _prune_recommendations(
     recommendations: tuple[tuple[float, int], ...], rules: ReplicasSpec, now: float
 ) -> tuple[tuple[float, int], ...]:
+    """Finished runs the windows can no longer see go; the running one stays."""
     keep = max(
         rules.scale_up.stabilization_window_seconds, rules.scale_down.stabilization_window_seconds
     )
-    return tuple((t, n) for t, n in recommendations if t > now - keep)
+    finished = tuple((t, n) for t, n in recommendations[:-1] if t > now - keep)
+    return finished + recommendations[-1:]
+
+
+def _recommend(
+    recommendations: tuple[tuple[float, int], ...],
+    replicas: int,
+    previous_decision: float | None,
+    now: float,
+) -> tuple[tuple[float, int], ...]:
+    """Continue the running entry, or finish it and start a new one.
+
+    A finished run is stamped with the previous decision; unknown (after a restart) it is
+    taken to have lasted until now, which only ever holds more replicas for longer."""
+    if recommendations and recommendations[-1][1] == replicas:
+        return recommendations
+    if recommendations:
+        last_seen = now if previous_decision is None else previous_decision
+        recommendations = (*recommendations[:-1], (last_seen, recommendations[-1][1]))
+    return (*recommendations, (now, replicas))
 
 
 def _prune_events(

@@ -37,27 +37,25 @@ def history_from_status(status: Mapping[str, Any] | None) -> History:
     return History(
         recommendations=tuple(recommendations),
         scale_events=tuple(events),
-        last_active_time=parse_time(status.get("lastActiveTime")),
+        last_active_time=parse_time(status.get("lastActiveTime")) if _idle(status) else None,
     )
 
 
-def _compact_recommendations(recommendations: Sequence[tuple[float, int]]) -> list[dict[str, Any]]:
-    """Keep what the stabilisation windows can still use, without one entry per cycle.
-
-    Within a window only the extremes matter, so consecutive equal values collapse to the
-    latest, which keeps the window's max and min exact."""
-    out: list[dict[str, Any]] = []
-    for i, (t, n) in enumerate(recommendations):
-        following = recommendations[i + 1][1] if i + 1 < len(recommendations) else None
-        if following == n:
-            continue
-        out.append({"time": iso(t), "replicas": n})
-    return out
+def _idle(status: Mapping[str, Any]) -> bool:
+    """lastActiveTime is exact only while the workload is idle: it is written when idleness
+    begins, and while the workload is active it lags (written only with other changes), so an
+    active workload counts as active now."""
+    return any(
+        isinstance(c, Mapping)
+        and c.get("type") == ConditionType.SCALED_TO_ZERO.value
+        and c.get("reason") == Reason.IDLE.value
+        for c in status.get("conditions") or []
+    )
 
 
 def history_to_status(history: History) -> dict[str, Any]:
     return {
-        "recommendations": _compact_recommendations(history.recommendations),
+        "recommendations": [{"time": iso(t), "replicas": n} for t, n in history.recommendations],
         "scaleEvents": [
             {"time": iso(e.time), "fromReplicas": e.from_replicas, "toReplicas": e.to_replicas}
             for e in history.scale_events
@@ -116,23 +114,42 @@ def flipped(
     return True
 
 
-_VOLATILE = {"observation"}
+_VOLATILE = frozenset({"observation", "lastActiveTime"})
 
 
-def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of `new` that differ from `old`; empty when nothing changed.
+def status_patch(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any], now: float, refresh_seconds: float
+) -> dict[str, Any]:
+    """The fields of `new` that differ from `old`; empty when nothing material changed.
 
-    The observation's time and sample age change every cycle; they are written only together
-    with a change of the observed values, so a steady workload costs no writes."""
+    The observation, lastActiveTime and the wording of a condition that keeps its status and
+    reason move with every reading of the metrics; writing them each cycle would cost one
+    PATCH per workload per cycle. They go out with any material change, or once the written
+    observation is `refresh_seconds` old."""
     old = old or {}
-    patch: dict[str, Any] = {}
-    for key, value in new.items():
-        before = old.get(key)
-        if key in _VOLATILE and isinstance(value, Mapping) and isinstance(before, Mapping):
-            steady = {k: v for k, v in value.items() if k not in ("time", "sampleAgeSeconds")}
-            previous = {k: v for k, v in before.items() if k not in ("time", "sampleAgeSeconds")}
-            if steady == previous:
-                continue
-        if before != value:
-            patch[key] = value
-    return patch
+    changed = {key: value for key, value in new.items() if old.get(key) != value}
+    if not changed:
+        return {}
+    material = any(
+        key not in _VOLATILE
+        and (key != "conditions" or _without_messages(old.get(key)) != _without_messages(value))
+        for key, value in changed.items()
+    )
+    if material or _observed_before(old, now - refresh_seconds):
+        return changed
+    return {}
+
+
+def _without_messages(conditions: Any) -> list[Any]:
+    if not isinstance(conditions, Sequence):
+        return [conditions]
+    return [
+        {k: v for k, v in c.items() if k != "message"} if isinstance(c, Mapping) else c
+        for c in conditions
+    ]
+
+
+def _observed_before(status: Mapping[str, Any], moment: float) -> bool:
+    observation = status.get("observation")
+    written = parse_time(observation.get("time")) if isinstance(observation, Mapping) else None
+    return written is None or written <= moment
