@@ -191,6 +191,8 @@ def _run(args: argparse.Namespace) -> int:
         verbose=args.log_level == "debug",
         quiet=args.log_level in ("warning", "error"),
     )
+    if args.log_level != "debug":
+        logging.getLogger("kopf.objects").addFilter(_drop_routine_timer_lines)
     handlers.register(settings)
     asyncio.run(
         kopf.operator(
@@ -294,10 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drop_routine_timer_lines(record: logging.LogRecord) -> bool:
+    """kopf logs "Timer 'size_workload' succeeded." for every workload every cycle: 5,000
+    lines per cycle at 5,000 workloads, which say nothing the metrics do not. Failures stay."""
+    return not (record.levelno == logging.INFO and str(record.msg).endswith("succeeded."))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = getattr(args, "log_level", "info").upper()
-    logging.basicConfig(level=level)
+    if args.command != "run":  # `run` logs through kopf's handler only, or every line twice
+        logging.basicConfig(level=getattr(args, "log_level", "info").upper())
     return int(args.func(args))
 
 

@@ -25,7 +25,7 @@ from prometheus_client import start_http_server
 from gpusizer.actuate.targets import Targets
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.catalog import load_catalog
-from gpusizer.reconcile import ClusterView, CycleCache, Dependencies, reconcile
+from gpusizer.reconcile import ClusterView, CycleCache, Dependencies, PodLabelKey, reconcile
 from gpusizer.report import metrics
 from gpusizer.rightsizing import RightSizingSettings
 from gpusizer.signals.autoscalers import AutoscalerLister
@@ -192,6 +192,13 @@ def register(settings: OperatorSettings) -> None:
     ) -> dict[str, PodInfo]:
         return {namespace or "": pod_info(body)}
 
+    @kopf.index("", "v1", "pods", id="pods_by_label")
+    def pods_by_label(
+        *, namespace: str | None, body: kopf.Body, **_: Any
+    ) -> dict[PodLabelKey, PodInfo]:
+        info = pod_info(body)
+        return {(namespace or "", key, value): info for key, value in info.labels.items()}
+
     @kopf.index("", "v1", "nodes", id="gpu_nodes")
     def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
         info = node_info(body)
@@ -215,6 +222,7 @@ def register(settings: OperatorSettings) -> None:
         view = ClusterView(
             pods_by_namespace=pods_by_namespace,
             nodes={n: info for n, store in nodes_index.items() for info in store},
+            pods_by_label=kwargs["pods_by_label"],
         )
         assert namespace is not None  # WorkloadSizing is namespaced
         started = time.monotonic()

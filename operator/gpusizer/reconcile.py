@@ -38,7 +38,7 @@ from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.join import WorkloadSignals, workload_signals
-from gpusizer.signals.pods import PodInfo, matches_selector
+from gpusizer.signals.pods import PodInfo, equality_term, matches_selector
 from gpusizer.signals.promql import InvalidQuery, Tenancy, UserQueries, user_queries
 from gpusizer.signals.source import PrometheusSource, Snapshot
 from gpusizer.timefmt import iso
@@ -114,15 +114,30 @@ class Dependencies:
         self.decided.pop((namespace, name), None)
 
 
+PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
+
+
 @dataclass(frozen=True)
 class ClusterView:
-    """What the watches show: pods by namespace and GPU nodes by name."""
+    """What the watches show: pods by namespace and by label, GPU nodes by name."""
 
     pods_by_namespace: Mapping[str, Iterable[PodInfo]]
     nodes: Mapping[str, NodeInfo]
+    pods_by_label: Mapping[PodLabelKey, Iterable[PodInfo]] | None = None
 
     def pods(self, namespace: str) -> Iterable[PodInfo]:
         return self.pods_by_namespace.get(namespace, ())
+
+    def selected(self, namespace: str, selector: str) -> list[PodInfo]:
+        """The namespace's pods a target's selector matches: through the label index when the
+        selector has a key=value term, so a cycle over every workload of a namespace does not
+        match each selector against each pod of it."""
+        term = equality_term(selector)
+        if term is None or self.pods_by_label is None:
+            candidates = self.pods(namespace)
+        else:
+            candidates = self.pods_by_label.get((namespace, *term), ())
+        return [p for p in candidates if matches_selector(p.labels, selector)]
 
     def all_pods(self) -> Iterable[PodInfo]:
         for pods in self.pods_by_namespace.values():
@@ -226,7 +241,7 @@ async def reconcile(
             [ConditionState(ConditionType.READY, False, Reason.CONFLICTING_AUTOSCALER, message)],
         )
 
-    owned = [p for p in view.pods(namespace) if matches_selector(p.labels, target.selector)]
+    owned = view.selected(namespace, target.selector)
     signals = await _workload_signals(spec, queries, owned, cycle.snapshot, deps.prometheus, now)
     counts = ReplicaCounts(
         current=target.replicas,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
+from gpusizer.reconcile import ClusterView
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo, matches_selector, pod_info
@@ -168,3 +169,45 @@ def test_a_pod_ready_since_the_last_scrape_is_arriving_capacity_not_a_hole() -> 
     assert got.signals.gpu_utilization == 80 and got.queue_per_replica == 2
     stale = workload_signals(spec(), [pod("a"), veteran], snap, NOW)
     assert stale.unobserved == 0 and stale.problems[0].reason == Reason.PARTIAL_SAMPLES
+
+
+LABELLED = [
+    PodInfo("llm", f"p{i}", labels, "node", True, False, "Running", "nvidia.com/gpu", "vllm", 0)
+    for i, labels in enumerate(
+        [
+            {"app": "chat", "tier": "gpu"},
+            {"app": "chat"},
+            {"app": "code", "tier": "gpu", "zone": "a"},
+            {"app": "code", "canary": "true"},
+            {"team": "x"},
+        ]
+    )
+]
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "app=chat",
+        "app==code",
+        "tier=gpu,app=code",
+        "app in (chat,code),tier=gpu",
+        "zone in (a)",
+        "app!=chat",
+        "!canary,app=code",
+        "team",
+        "app=none",
+        "",
+    ],
+)
+def test_selection_through_the_label_index_equals_a_scan(selector: str) -> None:
+    index: dict[tuple[str, str, str], list[PodInfo]] = {}
+    for info in LABELLED:
+        for key, value in info.labels.items():
+            index.setdefault((info.namespace, key, value), []).append(info)
+    scanned = ClusterView({"llm": LABELLED}, {})
+    indexed = ClusterView({"llm": LABELLED}, {}, pods_by_label=index)
+    expected = [p for p in LABELLED if matches_selector(p.labels, selector)]
+    assert scanned.selected("llm", selector) == expected
+    assert indexed.selected("llm", selector) == expected
+    assert scanned.selected("other", selector) == indexed.selected("other", selector) == []

@@ -112,6 +112,20 @@ def matches_selector(labels: Mapping[str, str], selector: str) -> bool:
     return all(_term_matches(labels, term.strip()) for term in _split_terms(selector))
 
 
+def equality_term(selector: str) -> tuple[str, str] | None:
+    """One `key=value` term of a selector, if it has one: the pods carrying that label are
+    the only candidates, which an index by label finds without scanning the namespace."""
+    for term in _split_terms(selector):
+        term = term.strip()
+        if " in " in term or term.startswith("!") or "!=" in term:
+            continue
+        for op in ("==", "="):
+            if op in term:
+                key, _, value = term.partition(op)
+                return key.strip(), value.strip()
+    return None
+
+
 def _split_terms(selector: str) -> list[str]:
     terms, depth, start = [], 0, 0
     for i, ch in enumerate(selector):
