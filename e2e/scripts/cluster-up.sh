@@ -10,6 +10,8 @@
 #      GPUSIZER_GPUSIM       auto (default: start e2e.gpusim if it exists) | 0 (never) | 1 (required)
 #      GPUSIZER_CLUSTER_BIN  use this binary instead of build-cluster.sh's
 #      PROMETHEUS            Prometheus binary (default: /usr/bin/prometheus, else from PATH)
+#      GPUSIZER_CLIENT_QPS   API request rate of the controller-manager and scheduler (default:
+#                            theirs, 20 and 50/s); the scale benchmark raises it
 set -euo pipefail
 # shellcheck source=e2e/scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -60,7 +62,7 @@ fail() {
 #    component binds it: on "address already in use" start again (3 attempts).
 for attempt in 1 2 3; do
   setsid "$BIN" up --state-dir "$STATE" --nodepools "$NODEPOOLS" \
-    --timeout "${TIMEOUT}s" > "$STATE/logs/up.log" 2>&1 < /dev/null 9>&- &
+    --client-qps "${GPUSIZER_CLIENT_QPS:-0}" --timeout "${TIMEOUT}s" > "$STATE/logs/up.log" 2>&1 < /dev/null 9>&- &
   CLUSTER_PID=$!
   echo "$CLUSTER_PID" > "$STATE/cluster.pid"
   deadline=$(( $(date +%s) + TIMEOUT ))

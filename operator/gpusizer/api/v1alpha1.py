@@ -368,7 +368,10 @@ class Condition(_Model):
 
 
 class RecommendationSample(_Model):
-    time: str = Field(description="When the replica count was recommended.")
+    time: str = Field(
+        description="When the replica count was last recommended; for the last entry, the "
+        "run still going on, when it began."
+    )
     replicas: int = Field(ge=0, description="The recommended replica count.")
 
 
@@ -393,7 +396,10 @@ class WorkloadSizingStatus(_Model):
         None, alias="lastScaleTime", description="When replicas were last changed."
     )
     last_active_time: str | None = Field(
-        None, alias="lastActiveTime", description="Last time the workload was not idle."
+        None,
+        alias="lastActiveTime",
+        description="Last time the workload was not idle: exact while it is idle, refreshed about "
+        "once a minute while it is active.",
     )
     recommendation: Recommendation | None = Field(None, description="Right-sizing advice.")
     conditions: list[Condition] = Field(default_factory=list, description="Current state.")
