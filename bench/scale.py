@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,9 +106,10 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-BROKEN_DOWN = {
-    "gpusizer_prometheus_query_duration_seconds_count": "signal",
-    "gpusizer_kube_api_requests_total": "verb",
+BROKEN_DOWN = {  # series -> (label, prefix of its values in the per-cycle breakdown)
+    "gpusizer_prometheus_query_duration_seconds_count": ("signal", ""),
+    "gpusizer_kube_api_requests_total": ("verb", ""),
+    "gpusizer_status_writes_total": ("field", "status."),
 }
 
 
@@ -122,10 +124,10 @@ def scrape(port: int) -> dict[str, float]:
         name_labels, _, value = line.rpartition(" ")
         name = name_labels.split("{", 1)[0]
         sums[name] = sums.get(name, 0.0) + float(value)
-        label = BROKEN_DOWN.get(name)
+        label, prefix = BROKEN_DOWN.get(name, ("", ""))
         if label and f'{label}="' in name_labels:
             value_of_label = name_labels.split(label + '="', 1)[1].split('"', 1)[0]
-            key = f"{name}:{value_of_label}"
+            key = f"{name}:{prefix}{value_of_label}"
             sums[key] = sums.get(key, 0.0) + float(value)
     return sums
 
@@ -511,7 +513,13 @@ def main() -> int:
                 )
     finally:
         if op is not None:
-            op.stop()
+            stopping = time.monotonic()
+            try:
+                op.stop()
+                log(f"the operator exited {time.monotonic() - stopping:.1f}s after SIGTERM")
+            except subprocess.TimeoutExpired:
+                log("the operator still ran 30s after SIGTERM (a pod's grace period): killed")
+                op.stop(signal.SIGKILL)
         if not args.cluster_dir:
             run_script("cluster-down.sh", state_dir)
     print(f"\nmachine: {json.dumps(machine())}")

@@ -55,6 +55,12 @@ KUBE_API_REQUESTS = Counter(
     "Requests the operator sent to the Kubernetes API server (watches excluded), by verb.",
     ["verb"],
 )
+STATUS_WRITES = Counter(
+    "gpusizer_status_writes_total",
+    "WorkloadSizing status patches, counted once per top-level status field they carry: what "
+    "makes the operator write.",
+    ["field"],
+)
 CYCLE_SECONDS = Histogram(
     "gpusizer_snapshot_duration_seconds",
     "Time to fetch one cycle's batched signals for all workloads.",
