@@ -31,6 +31,7 @@ class Reason(StrEnum):
     AT_MIN = "AtMinReplicas"
     STEP_LIMIT = "StepLimit"
     STABILIZATION_WINDOW = "StabilizationWindow"
+    RECURRING_SHORTFALL = "RecurringShortfall"
     # metrics
     METRICS_OK = "MetricsOK"
     PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"

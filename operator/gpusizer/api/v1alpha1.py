@@ -410,7 +410,10 @@ class WorkloadSizingStatus(_Model):
     scale_events: list[ScaleEvent] = Field(
         default_factory=list,
         alias="scaleEvents",
-        description="Recent replica changes, kept for the per-period step limits.",
+        description=(
+            "Replica changes of the last hour, kept for the per-period step limits and the "
+            "recurring-shortfall hold."
+        ),
     )
 
 

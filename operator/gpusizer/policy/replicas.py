@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from gpusizer.api.v1alpha1 import ReplicasSpec, WorkloadSizingSpec
 from gpusizer.vocabulary import Reason
 
+# How far back scale events are kept and read for recurring shortfalls (see _recurring_hold).
+RECURRENCE_LOOKBACK_SECONDS = 3600.0
+
 
 @dataclass(frozen=True)
 class ReplicaCounts:
@@ -157,6 +160,10 @@ def decide_replicas(
     desired = _stabilize(history.recommendations, rules, counts.current, now)
     if desired != raw:
         limited = Reason.STABILIZATION_WINDOW
+    hold = _recurring_hold(history.scale_events, rules, now)
+    if hold is not None and desired < min(counts.current, hold.level):
+        desired, limited = min(counts.current, hold.level), Reason.RECURRING_SHORTFALL
+        notes.append(hold.note)
     stepped = _step_limit(history.scale_events, rules, counts.current, desired, now)
     if stepped != desired:
         desired, limited = stepped, Reason.STEP_LIMIT
@@ -352,6 +359,65 @@ def _step_limit(
     return desired
 
 
+@dataclass(frozen=True)
+class _Hold:
+    level: int  # no scale-down below this
+    note: str
+
+
+def _recurring_hold(
+    events: Iterable[ScaleEventRecord], rules: ReplicasSpec, now: float
+) -> _Hold | None:
+    """Keep capacity that the recent past shows is needed again soon after it is released.
+
+    Releasing a GPU replica that is needed again costs its start-up in GPU time and, worse, the
+    requests that wait for it; so the scale events of the last hour are read for *shortfalls*:
+    a scale-down (or a run of them) ended by a scale-up beyond what a fully busy fleet's
+    utilisation asks for (ceil(from x 100 / targetGPUUtilization); with a queue target only,
+    any rise), which only the queue or the gateway asks: requests waited. A wake from zero is
+    not one (scale to zero has its own idle rule), and neither is capacity that came back
+    more than a down window after the descent began: the window is about one start-up, and
+    holding an idle replica for longer than two start-ups costs more than starting it again
+    (ski rental). One shortfall is an accident; two in the hour are a pattern: bursts that
+    recur with gaps longer than the down window. Then a scale-down below the highest level
+    those scale-ups reached waits until the down window plus the longest gap between the start
+    of a descent and the scale-up that ended it has passed since the last scale event:
+    capacity is let go a step at a time, each step one gap after the last change, so a burst
+    that recurs within the gaps seen finds it. Otherwise, and once the evidence is an hour
+    old, the down window alone rules.
+    """
+    recent = [e for e in events if e.time > now - RECURRENCE_LOOKBACK_SECONDS]
+    target = rules.target_gpu_utilization
+    window = rules.scale_down.stabilization_window_seconds
+    descent_start: float | None = None
+    levels: list[int] = []
+    gaps: list[float] = []
+    for e in recent:
+        if e.to_replicas < e.from_replicas:
+            if descent_start is None:
+                descent_start = e.time
+        elif e.to_replicas > e.from_replicas:
+            fully_busy = e.from_replicas
+            if target is not None:
+                fully_busy = math.ceil(e.from_replicas * 100.0 / target - 1e-9)
+            shortfall = e.from_replicas > 0 and e.to_replicas > fully_busy
+            if descent_start is not None and shortfall and e.time - descent_start <= window:
+                levels.append(e.to_replicas)
+                gaps.append(e.time - descent_start)
+            descent_start = None
+    if len(levels) < 2 or not recent:
+        return None
+    until = recent[-1].time + window + max(gaps)
+    if now >= until:
+        return None
+    note = (
+        f"{len(levels)} shortfalls in the last {RECURRENCE_LOOKBACK_SECONDS:.0f}s came back "
+        f"up to {max(levels)} within {max(gaps):.0f}s of a scale-down: holding "
+        f"{max(levels)} for {until - now:.0f}s more"
+    )
+    return _Hold(level=max(levels), note=note)
+
+
 def _prune_recommendations(
     recommendations: tuple[tuple[float, int], ...], rules: ReplicasSpec, now: float
 ) -> tuple[tuple[float, int], ...]:
@@ -384,5 +450,7 @@ def _recommend(
 def _prune_events(
     events: tuple[ScaleEventRecord, ...], rules: ReplicasSpec, now: float
 ) -> tuple[ScaleEventRecord, ...]:
-    keep = max(rules.scale_up.period_seconds, rules.scale_down.period_seconds)
+    keep = max(
+        rules.scale_up.period_seconds, rules.scale_down.period_seconds, RECURRENCE_LOOKBACK_SECONDS
+    )
     return tuple(e for e in events if e.time > now - keep)
