@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ from gpusizer.signals.parse import PodSamples, Problem, per_pod, scalar, with_ti
 from gpusizer.vocabulary import Reason
 
 log = logging.getLogger(__name__)
+
+QUERY_THREADS = 8  # a cycle's batched queries run at once (7), plus room for user queries
 
 GPU_UTIL = "gpu_util"
 MIG_UTIL = "mig_util"
@@ -107,12 +110,19 @@ class PrometheusSource:
             session=session,
             timeout=int(max(1, settings.timeout_seconds)),
         )
+        # Queries get threads of their own: in the shared pool a cycle's snapshot waited behind
+        # every workload's target read (2.8 s of a 5 s period at 1,000 workloads).
+        self._executor = ThreadPoolExecutor(
+            max_workers=QUERY_THREADS, thread_name_prefix="prometheus"
+        )
 
     async def query(self, promql: str, signal: str) -> tuple[Any, Problem | None]:
         """Run one instant query off the event loop; failures become a Problem."""
         started = time.monotonic()
         try:
-            result = await asyncio.to_thread(self._client.custom_query, promql)
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._client.custom_query, promql
+            )
         except AuthRejected as exc:
             return None, self._failed(
                 signal,
