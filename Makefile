@@ -63,11 +63,11 @@ cluster-down: ## Stop every process the local cluster started and remove its sta
 	e2e/scripts/cluster-down.sh
 
 .PHONY: e2e
-e2e: venv prometheus cluster-binary helm ## End-to-end tests on the local GPU cluster (starts its own)
-	$(BIN)/pytest -q e2e/tests --ignore=e2e/tests/test_faults.py
+e2e: venv prometheus cluster-binary helm ## End-to-end tests on the local GPU cluster (starts its own), fault injection last
+	$(BIN)/pytest -q e2e/tests
 
 .PHONY: e2e-faults
-e2e-faults: venv prometheus cluster-binary helm ## Fault-injection e2e tests (Prometheus, API server, peering, kills)
+e2e-faults: venv prometheus cluster-binary helm ## Only the fault-injection e2e tests (also part of make e2e)
 	$(BIN)/pytest -q e2e/tests/test_faults.py
 
 .PHONY: test

@@ -132,6 +132,16 @@ class Cluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+# test_faults.py stops the session's operator for the whole module and runs one of its own:
+# last, so no other module waits for it to hand the operator back (each module still works in
+# any order; see stop_operators() in operator_support.py).
+RUN_LAST = ("test_faults.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reuse = os.environ.get("GPUSIZER_E2E_CLUSTER_DIR")

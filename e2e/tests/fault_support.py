@@ -1,5 +1,5 @@
 """Faults on loopback for the e2e tests: a misbehaving Prometheus, an API server that goes away,
-and operator processes with options the session operator does not take.
+and kopf's peering for operator processes that take ``--peering``.
 
 The proxies sit between one operator process and the real servers; nothing else goes through
 them, so the rest of the cluster (controllers, kwok, the emulator) never sees the fault.
@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import socket
 import struct
-import subprocess
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 import yaml
 
-from e2e.tests.conftest import REPO, Cluster, wait_until
-from e2e.tests.operator_support import Operator
-from tests.support import free_port
+from e2e.tests.conftest import REPO, Cluster
 
 
 class PrometheusProxy:
@@ -197,79 +192,9 @@ class ApiServerProxy:
         self._listener.close()
 
 
-def kubeconfig_via(source: Path, server: str, path: Path) -> Path:
-    """A copy of ``source`` whose cluster entries point at ``server``."""
-    config = yaml.safe_load(source.read_text())
-    for entry in config.get("clusters", []):
-        entry["cluster"]["server"] = server
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-@dataclass
-class FaultOperator(Operator):
-    """An Operator with extra command-line options and a name of its own, which does not take
-    over the session operator's Prometheus scrape target."""
-
-    name: str = "faults"
-    extra_args: list[str] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.starts += 1
-        log_path = self.workdir / f"operator-{self.name}-{self.starts}.log"
-        self.logs.append(log_path)
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        command = [
-            str(REPO / ".venv" / "bin" / "gpusizer"),
-            "run",
-            "--prometheus-url",
-            self.prometheus_url or self.cluster.prometheus_url,
-            "--prometheus-timeout",
-            "3",
-            "--sync-period",
-            str(self.sync_period),
-            "--metrics-port",
-            str(self.metrics_port),
-            "--health-address",
-            f"127.0.0.1:{self.health_port}",
-            "--log-format",
-            "plain",
-            *self.extra_args,
-        ]
-        with log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        wait_until(self._healthy, timeout=60, what=f"operator /healthz (log: {log_path})")
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_text(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
-
-    def decisions(self) -> float:
-        """How many WorkloadSizings this process has decided so far."""
-        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        for line in text.splitlines():
-            if line.startswith("gpusizer_reconcile_duration_seconds_count"):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-
-def install_peering(cluster: Cluster, name: str) -> None:
-    """kopf's peering CRDs (from the chart), a ClusterKopfPeering, and the RBAC the chart
-    grants for it when peering is enabled, bound to the operator's ServiceAccount."""
-    cluster.kubectl(
-        "apply", "-f", str(REPO / "charts" / "gpusizer" / "crds" / "kopf.dev_peerings.yaml")
-    )
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/clusterkopfpeerings.kopf.dev",
-    )
+def peering_objects(name: str) -> str:
+    """A ClusterKopfPeering and the RBAC the chart grants for it when peering is enabled, bound
+    to the operator's ServiceAccount, as one YAML List."""
     objects = [
         {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}},
         {
@@ -304,9 +229,26 @@ def install_peering(cluster: Cluster, name: str) -> None:
             ],
         },
     ]
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects})
+
+
+@contextlib.contextmanager
+def peering(cluster: Cluster, name: str) -> Iterator[None]:
+    """kopf's peering CRDs (from the chart, left installed as the chart leaves them) and
+    ``peering_objects(name)``, which are deleted again on the way out."""
     cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}),
+        "apply", "-f", str(REPO / "charts" / "gpusizer" / "crds" / "kopf.dev_peerings.yaml")
     )
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/clusterkopfpeerings.kopf.dev",
+    )
+    cluster.kubectl("apply", "-f", "-", stdin=peering_objects(name))
+    try:
+        yield
+    finally:
+        cluster.kubectl(
+            "delete", "--ignore-not-found", "-f", "-", stdin=peering_objects(name), check=False
+        )

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import requests
@@ -26,19 +26,22 @@ OPERATOR_NAMESPACE = "gpusizer-system"
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
-def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
-    """A kubeconfig holding a token of the operator's ServiceAccount."""
+def service_account_kubeconfig(cluster: Cluster, path: Path, server: str | None = None) -> Path:
+    """A kubeconfig holding a fresh token of the operator's ServiceAccount, for the API server
+    at ``server`` (e.g. a proxy in front of it; default: the admin kubeconfig's)."""
     token = cluster.kubectl(
         "create", "token", "gpusizer", "-n", OPERATOR_NAMESPACE, "--duration=24h"
     ).stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]
+    endpoint = dict(admin["clusters"][0]["cluster"])
+    if server is not None:
+        endpoint["server"] = server
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "local", "cluster": server}],
+                "clusters": [{"name": "local", "cluster": endpoint}],
                 "users": [{"name": "gpusizer", "user": {"token": token}}],
                 "contexts": [
                     {"name": "gpusizer", "context": {"cluster": "local", "user": "gpusizer"}}
@@ -63,23 +66,43 @@ def install_manifests(cluster: Cluster) -> None:
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class Operator:
+    """One ``gpusizer run`` host process under the ServiceAccount's identity.
+
+    ``name`` names its kubeconfig and logs (``<name>-<start>.log`` in ``workdir``);
+    ``api_server`` and ``prometheus_url`` point it at proxies (fault_support.py) instead of the
+    real servers; ``extra_args`` are more ``gpusizer run`` options; ``scrape`` makes Prometheus
+    scrape its /metrics as job ``gpusizer``. Every start mints a new token, so an operator
+    stopped while the ServiceAccount is deleted and re-created (test_install.py) starts again.
+    """
+
     cluster: Cluster
-    kubeconfig: Path
     workdir: Path
+    name: str = "operator"
     sync_period: float = 2.0
     prometheus_url: str | None = None
+    api_server: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    scrape: bool = False
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     health_port: int = 0
     starts: int = 0
     logs: list[Path] = field(default_factory=list)
 
+    # every operator of the session that may be running, for stop_operators()
+    started: ClassVar[list[Operator]] = []
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / f"{self.name}.kubeconfig"
+
     def start(self) -> None:
+        service_account_kubeconfig(self.cluster, self.kubeconfig, self.api_server)
         self.metrics_port, self.health_port = free_port(), free_port()
         self.starts += 1
-        log_path = self.workdir / f"operator-{self.starts}.log"
+        log_path = self.workdir / f"{self.name}-{self.starts}.log"
         self.logs.append(log_path)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         command = [
@@ -97,15 +120,19 @@ class Operator:
             f"127.0.0.1:{self.health_port}",
             "--log-format",
             "plain",
+            *self.extra_args,
         ]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        if self not in Operator.started:
+            Operator.started.append(self)
         wait_until(self._healthy, timeout=60, what=f"operator /healthz (log: {log_path})")
-        self.cluster.register_scrape_target(
-            "gpusizer-operator", [f"127.0.0.1:{self.metrics_port}"], job="gpusizer"
-        )
+        if self.scrape:
+            self.cluster.register_scrape_target(
+                "gpusizer-operator", [f"127.0.0.1:{self.metrics_port}"], job="gpusizer"
+            )
 
     def _healthy(self) -> bool:
         assert self.process is not None
@@ -116,9 +143,13 @@ class Operator:
         except requests.RequestException:
             return False
 
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if not self.running():
             return
+        assert self.process is not None
         os.killpg(self.process.pid, sig)
         self.process.wait(timeout=30)
 
@@ -131,16 +162,39 @@ class Operator:
             return ""
         return "\n".join(self.logs[-1].read_text(errors="replace").splitlines()[-lines:])
 
+    def log_text(self) -> str:
+        """Everything this operator logged, over all its starts."""
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    def _exposition(self) -> list[str]:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return requests.get(url, timeout=5).text.splitlines()
+
     def metric(self, series: str, **labels: str) -> float:
         """The current value of one of the operator's own series (0 when absent)."""
-        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
         total = 0.0
-        for line in text.splitlines():
+        for line in self._exposition():
             if not line.startswith(series + "{"):
                 continue
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def decisions(self) -> float:
+        """How many WorkloadSizings this process has decided so far."""
+        for line in self._exposition():
+            if line.startswith("gpusizer_reconcile_duration_seconds_count"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+def stop_operators() -> list[Operator]:
+    """Stop every operator process of this session that runs (for a module that needs none,
+    or its own): returns them, for the module to start again when it is done."""
+    running = [op for op in Operator.started if op.running()]
+    for op in running:
+        op.stop()
+    return running
 
 
 @pytest.fixture(scope="session")
@@ -153,10 +207,9 @@ def manifests(cluster: Cluster) -> Cluster:
 @pytest.fixture(scope="session")
 def operator(manifests: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     cluster = manifests
-    workdir = tmp_path_factory.mktemp("operator")
-    op = Operator(cluster, service_account_kubeconfig(cluster, workdir / "kubeconfig"), workdir)
-    op.start()
+    op = Operator(cluster, tmp_path_factory.mktemp("operator"), scrape=True)
     try:
+        op.start()
         yield op
     finally:
         op.stop()

@@ -1,9 +1,11 @@
 """Faults around the operator: each test asserts that nothing is lost and nothing wrong is done.
 
-The session operator is stopped for this module; one operator of its own (``faulty``) talks to
-Prometheus and to the API server through loopback proxies that inject the faults, so exactly
-one operator acts at a time. Tests that need other processes (two peered replicas, a SIGKILL)
-stop ``faulty`` and the autouse fixture starts it again. Every wait polls with a deadline.
+Any operator of the session (operator_support.py) is stopped for this module and started again
+after it; one operator of its own (``faulty``) talks to Prometheus and to the API server through
+loopback proxies that inject the faults, so exactly one operator acts at a time. Tests that need
+other processes (two peered replicas, a SIGKILL) stop ``faulty`` and the autouse fixture starts
+it again. Every wait polls with a deadline. conftest.py runs this module last, so the other
+modules never wait for it to hand their operator back.
 """
 
 from __future__ import annotations
@@ -18,22 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from kubernetes import client as k8s
 
 from e2e.tests.conftest import Cluster, wait_until
-from e2e.tests.fault_support import (
-    ApiServerProxy,
-    FaultOperator,
-    PrometheusProxy,
-    install_peering,
-    kubeconfig_via,
-)
-from e2e.tests.operator_support import (
-    Operator,
-    Workloads,
-    service_account_kubeconfig,
-    sizing_spec,
-)
+from e2e.tests.fault_support import ApiServerProxy, PrometheusProxy, peering
+from e2e.tests.operator_support import Operator, Workloads, sizing_spec, stop_operators
 
 RESHAPE = "gpusizer.io/reshape"
 
@@ -43,42 +35,33 @@ class Faults:
     cluster: Cluster
     prometheus: PrometheusProxy
     api: ApiServerProxy
-    op: FaultOperator
-    direct_kubeconfig: Path  # the operator's identity, straight to the API server
+    op: Operator
     workdir: Path
 
-    def operator(self, name: str, *extra: str) -> FaultOperator:
+    def operator(self, name: str, *extra: str) -> Operator:
         """Another operator process under the same identity, not through the proxies."""
-        return FaultOperator(
-            self.cluster,
-            self.direct_kubeconfig,
-            self.workdir,
-            sync_period=2.0,
-            name=name,
-            extra_args=list(extra),
-        )
+        return Operator(self.cluster, self.workdir, name=name, extra_args=list(extra))
 
 
 @pytest.fixture(scope="module")
-def faults(operator: Operator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faults]:
-    cluster = operator.cluster
+def faults(manifests: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faults]:
+    cluster = manifests
     workdir = tmp_path_factory.mktemp("faults")
-    operator.stop()  # only one operator acts at a time
+    paused = stop_operators()  # only one operator acts at a time
     prometheus = PrometheusProxy(cluster.prometheus_url)
     api = ApiServerProxy(cluster.apiserver_url)
-    direct = service_account_kubeconfig(cluster, workdir / "direct.kubeconfig")
-    proxied = kubeconfig_via(direct, api.url, workdir / "proxied.kubeconfig")
-    op = FaultOperator(
-        cluster, proxied, workdir, sync_period=2.0, prometheus_url=prometheus.url, name="faulty"
+    op = Operator(
+        cluster, workdir, name="faulty", prometheus_url=prometheus.url, api_server=api.url
     )
     try:
         op.start()
-        yield Faults(cluster, prometheus, api, op, direct, workdir)
+        yield Faults(cluster, prometheus, api, op, workdir)
     finally:
         op.stop()
         prometheus.close()
         api.close()
-        operator.start()
+        for other in paused:
+            other.start()
 
 
 @pytest.fixture(autouse=True)
@@ -105,10 +88,29 @@ def holding_decisions(op: Operator, name: str) -> float:
 def steady_at_three(workloads: Workloads, name: str, **spec: Any) -> None:
     """A workload at 3 ready replicas, 70 % busy, decided with known metrics."""
     workloads.deployment(name, replicas=3)
-    workloads.load(name, 21)
+    busy_before_sizing(workloads, name, 3)
     assert workloads.sizing(name, sizing_spec(name, **spec)).returncode == 0
     workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
-    wait_until(lambda: workloads.ready(name) == 3, 90, what="3 ready")
+
+
+def busy_before_sizing(workloads: Workloads, name: str, replicas: int) -> None:
+    """``replicas`` ready replicas of ``name`` at 70 %, as Prometheus reads them, before a
+    sizing exists. The load starts once they are ready: a backlog queued while they start would
+    run them at 100 % until drained (the operator rightly adds a replica), and a first decision
+    on the idle samples from before the load could scale down or to zero."""
+    wait_until(lambda: workloads.ready(name) == replicas, 90, what=f"{replicas} ready")
+    workloads.load(name, 7 * replicas)  # capacity 10 rps each
+    query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{workloads.namespace}",pod=~"{name}-.+"}}'
+
+    def busy() -> bool:
+        answer = requests.get(
+            f"{workloads.cluster.prometheus_url}/api/v1/query", params={"query": query}, timeout=5
+        )
+        answer.raise_for_status()
+        values = [float(s["value"][1]) for s in answer.json()["data"]["result"]]
+        return len(values) == replicas and all(abs(v - 70) <= 2 for v in values)
+
+    wait_until(busy, 60, what=f"Prometheus reading {name}'s {replicas} replicas at 70 %")
 
 
 def scale_to_zero(namespace: str, name: str) -> dict[str, Any]:
@@ -182,13 +184,14 @@ def held_through(
 
 def test_api_server_restart_mid_cycle_loses_nothing(faults: Faults, workloads: Workloads) -> None:
     workloads.deployment("steady", replicas=2)
-    workloads.load("steady", 14)  # 2 replicas at 70 %
     workloads.deployment("grow", replicas=1)
+    busy_before_sizing(workloads, "steady", 2)
+    wait_until(lambda: workloads.ready("grow") == 1, 90, what="grow ready")
     workloads.load("grow", 3)
     for name in ("steady", "grow"):
         assert workloads.sizing(name, sizing_spec(name)).returncode == 0
         workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
-    wait_until(lambda: workloads.ready("steady") == 2, 60, what="2 ready")
+    assert workloads.replicas("steady") == 2, "steady was scaled before the outage"
     steady_generation = generation(workloads, "steady")
     decided = faults.op.decisions()
 
@@ -270,46 +273,46 @@ def test_write_conflicts_are_retried_on_a_later_cycle(faults: Faults, workloads:
 
 
 def test_two_peered_replicas_only_one_acts(faults: Faults, workloads: Workloads) -> None:
-    peering = "gpusizer-faults"
-    install_peering(workloads.cluster, peering)
+    name = "gpusizer-faults"
     workloads.deployment("peered", replicas=1)
     workloads.load("peered", 0)
     assert workloads.sizing("peered", sizing_spec("peered", replicas={"max": 4})).returncode == 0
-    faults.op.stop()
-    first = faults.operator("peer-a", "--peering", peering)
-    second = faults.operator("peer-b", "--peering", peering)
-    try:
-        first.start()
-        second.start()
-        workloads.wait_condition("peered", "MetricsAvailable", "True", timeout=120)
-        workloads.load("peered", 30)
-        workloads.wait_replicas("peered", lambda n: n == 4, 120, "scaled up by one of them")
-        # the status is also written by one replica only: compare decisions
-        pair = (first, second)
-        active = wait_until(
-            lambda: next((o for o in pair if o.decisions() > 0), None), 30, what="an active one"
-        )
-        standby = second if active is first else first
-        assert standby.metric("gpusizer_scale_writes_total", name="peered") == 0
-        assert active.metric("gpusizer_scale_writes_total", name="peered", result="ok") > 0
-        wait_until(
-            lambda: "paused: " in standby.log_text(),
-            30,
-            what="the standby replica logging that it is paused",
-        )
-        assert "active: " in active.log_text() and "paused: " not in active.log_text()
-        assert standby.decisions() == 0
+    with peering(workloads.cluster, name):
+        faults.op.stop()
+        first = faults.operator("peer-a", "--peering", name)
+        second = faults.operator("peer-b", "--peering", name)
+        try:
+            first.start()
+            second.start()
+            workloads.wait_condition("peered", "MetricsAvailable", "True", timeout=120)
+            workloads.load("peered", 30)
+            workloads.wait_replicas("peered", lambda n: n == 4, 120, "scaled up by one of them")
+            # the status is also written by one replica only: compare decisions
+            pair = (first, second)
+            active = wait_until(
+                lambda: next((o for o in pair if o.decisions() > 0), None), 30, what="an active one"
+            )
+            standby = second if active is first else first
+            assert standby.metric("gpusizer_scale_writes_total", name="peered") == 0
+            assert active.metric("gpusizer_scale_writes_total", name="peered", result="ok") > 0
+            wait_until(
+                lambda: "paused: " in standby.log_text(),
+                30,
+                what="the standby replica logging that it is paused",
+            )
+            assert "active: " in active.log_text() and "paused: " not in active.log_text()
+            assert standby.decisions() == 0
 
-        # the active one goes away: the standby takes over and acts
-        active.stop()
-        workloads.load("peered", 10)  # 10 / (10 x 0.7): 2 replicas
-        workloads.wait_replicas("peered", lambda n: n == 2, 120, "scaled down by the successor")
-        assert standby.decisions() > 0
-        wait_until(lambda: "active: " in standby.log_text(), 30, what="the successor's log")
-    finally:
-        first.stop()
-        second.stop()
-        faults.op.start()  # someone must release kopf's finalizers when the namespace goes
+            # the active one goes away: the standby takes over and acts
+            active.stop()
+            workloads.load("peered", 10)  # 10 / (10 x 0.7): 2 replicas
+            workloads.wait_replicas("peered", lambda n: n == 2, 120, "scaled down by the successor")
+            assert standby.decisions() > 0
+            wait_until(lambda: "active: " in standby.log_text(), 30, what="the successor's log")
+        finally:
+            first.stop()
+            second.stop()
+            faults.op.start()  # someone must release kopf's finalizers when the namespace goes
 
 
 def test_target_deleted_then_recreated(faults: Faults, workloads: Workloads) -> None:

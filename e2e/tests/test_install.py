@@ -8,8 +8,9 @@ a host process in test_operator.py); what this proves is the objects, the Pod Se
 admission of the pod, and the RBAC, against the real API server.
 
 The kubectl install uses the fixed names the operator tests use (gpusizer-system/gpusizer), so
-its uninstall would pull the ServiceAccount from under a running operator fixture: it refuses
-to run then (run this module alone or before test_operator.py, as `pytest e2e/tests` does).
+its uninstall pulls the CRD and the ServiceAccount from under the operators of
+operator_support.py: the ``no_operators`` fixture stops any that run for this module, then puts
+deploy/'s manifests back if they were there and starts the operators again.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from e2e.tests.conftest import REPO, Cluster, wait_until
+from e2e.tests.operator_support import install_manifests, stop_operators
 
 CHART = REPO / "charts" / "gpusizer"
 DEPLOY = REPO / "deploy"
@@ -73,6 +74,25 @@ class Helm:
         if check and result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}")
         return result
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_operators(cluster: Cluster) -> Iterator[None]:
+    """No operator of operator_support.py runs during this module (it would act on the user's
+    WorkloadSizing, and its ServiceAccount is deleted); what the module removes of the
+    operator tests' set-up is put back afterwards, and the stopped operators start again (each
+    start mints a token of the new ServiceAccount)."""
+    installed = get(cluster, "crd", CRD) is not None and (
+        get(cluster, "serviceaccount", "gpusizer", "-n", OPERATOR_NAMESPACE) is not None
+    )
+    stopped = stop_operators()
+    try:
+        yield
+    finally:
+        if installed:
+            install_manifests(cluster)
+        for operator in stopped:
+            operator.start()
 
 
 @pytest.fixture(scope="module")
@@ -343,26 +363,9 @@ def test_helm_namespaced_install_grants_only_watched_namespaces(
 # --- kubectl apply -k deploy/ -----------------------------------------------------------
 
 
-def refuse_when_an_operator_runs(cluster: Cluster) -> None:
-    target = cluster.prometheus_targets_dir / "gpusizer-operator.json"
-    if not target.exists():
-        return
-    for group in json.loads(target.read_text()):
-        for address in group["targets"]:
-            try:
-                requests.get(f"http://{address}/metrics", timeout=1)
-            except requests.RequestException:
-                continue
-            pytest.fail(
-                f"an operator from operator_support.py is running ({address}) under the "
-                f"{OPERATOR_SA} this test uninstalls: run test_install.py alone or first"
-            )
-
-
 def test_kubectl_apply_install_twice_then_delete(
     cluster: Cluster, user_workload: UserWorkload
 ) -> None:
-    refuse_when_an_operator_runs(cluster)
     first = cluster.kubectl("apply", "-k", str(DEPLOY))
     assert f"customresourcedefinition.apiextensions.k8s.io/{CRD}" in first.stdout
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
