@@ -49,7 +49,6 @@ from e2e.tests.operator_support import (  # noqa: E402
     H100,
     Operator,
     install_manifests,
-    service_account_kubeconfig,
     sizing_spec,
 )
 
@@ -495,8 +494,8 @@ def main() -> int:
         os.environ["GPUSIZER_LOG_LEVEL"] = args.log_level
         if args.operator_path:
             os.environ["PYTHONPATH"] = str(Path(args.operator_path).resolve())
-        kubeconfig = service_account_kubeconfig(cluster, workdir / "operator.kubeconfig")
-        op = Operator(cluster, kubeconfig, workdir, sync_period=args.sync_period)
+        # scraped by Prometheus every 5 s, as a ServiceMonitor would (the exposition is work)
+        op = Operator(cluster, workdir, sync_period=args.sync_period, scrape=True)
         op.start()
         api = cluster.api_client()
         apps, custom = client.AppsV1Api(api), client.CustomObjectsApi(api)

@@ -23,7 +23,6 @@ from e2e.tests.operator_support import (
     Operator,
     Workloads,
     install_manifests,
-    service_account_kubeconfig,
 )
 
 STATE = REPO / ".cluster"
@@ -108,9 +107,7 @@ def main() -> int:
     cluster = start_cluster()
     install_manifests(cluster)
     workdir = Path(tempfile.mkdtemp(prefix="gpusizer-demo-"))
-    operator = Operator(
-        cluster, service_account_kubeconfig(cluster, workdir / "kubeconfig"), workdir, 5.0
-    )
+    operator = Operator(cluster, workdir, sync_period=5.0, scrape=True)
     print(f"== starting the operator as ServiceAccount gpusizer-system/gpusizer (log {workdir})")
     operator.start()
     cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")

@@ -232,7 +232,16 @@ def register(settings: OperatorSettings) -> None:
         info = node_info(body)
         return {name: info} if info.allocatable else None
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.sync_period_seconds, sharp=True)
+    # After a failed cycle (the API server away), try again at the next period rather than
+    # after kopf's default 60 s back-off.
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        PLURAL,
+        interval=settings.sync_period_seconds,
+        sharp=True,
+        backoff=settings.sync_period_seconds,
+    )
     async def size_workload(
         *,
         name: str,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from gpusizer.handlers import OnePerKey
+import kopf
+from gpusizer.handlers import OnePerKey, OperatorSettings, register
 from gpusizer.signals.discovery import NodeInfo
+from gpusizer.signals.source import PrometheusSettings
+from kopf._core.intents.handlers import TimerHandler
 
 
 def test_one_value_per_key_reads_an_index_without_copying_it() -> None:
@@ -15,3 +18,17 @@ def test_one_value_per_key_reads_an_index_without_copying_it() -> None:
     assert list(nodes) == ["gpu-a", "gpu-gone"] and len(nodes) == 2
     index["gpu-b"] = [first]
     assert "gpu-b" in nodes  # a view: later index updates show
+
+
+def test_a_failed_cycle_is_retried_at_the_next_period() -> None:
+    previous = kopf.get_default_registry()
+    registry = kopf.OperatorRegistry()
+    kopf.set_default_registry(registry)
+    try:
+        register(
+            OperatorSettings(PrometheusSettings(url="http://prometheus"), sync_period_seconds=7)
+        )
+    finally:
+        kopf.set_default_registry(previous)
+    timers = [h for h in registry._spawning.get_all_handlers() if isinstance(h, TimerHandler)]
+    assert [(t.interval, t.backoff) for t in timers] == [(7, 7)]
