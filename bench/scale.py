@@ -205,21 +205,26 @@ def ready_deployments(apps: Any, names: set[str]) -> int:
     return sum(1 for d in items if d.metadata.name in names and (d.status.ready_replicas or 0) >= 1)
 
 
-def decided(custom: Any, names: set[str]) -> int:
+def decided(custom: Any, names: set[str]) -> tuple[int, int]:
+    """How many of the WorkloadSizings have been decided, and how many of those have known
+    metrics."""
     items = custom.list_namespaced_custom_object(
         "gpusizer.io", "v1alpha1", NAMESPACE, "workloadsizings", label_selector=f"{LABEL}=scale"
     )["items"]
-    count = 0
+    done = known = 0
     for obj in items:
         if obj["metadata"]["name"] not in names:
             continue
         conditions = (obj.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "MetricsAvailable" and c["status"] == "True" for c in conditions):
-            count += 1
-    return count
+        metrics = [c for c in conditions if c["type"] == "MetricsAvailable"]
+        done += bool(metrics)
+        known += any(c["status"] == "True" for c in metrics)
+    return done, known
 
 
-def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> None:
+def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> int:
+    """Create workloads up to `size`; returns how many have known metrics once all are
+    decided."""
     names = [workload_name(i) for i in range(have, size)]
     started = time.monotonic()
     apply_list(cluster, [deployment(n) for n in names])
@@ -233,13 +238,24 @@ def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> None
     )
     log(f"{size} Deployments ready after {time.monotonic() - started:.0f}s")
     apply_list(cluster, [workload_sizing(n) for n in names])
-    wait_for(
-        lambda: decided(custom, everyone) == size,
-        timeout=300 + size * 0.2,
-        what=f"{size} WorkloadSizings with MetricsAvailable=True",
-        interval=5,
+    counts = (0, 0)
+
+    def settled() -> bool:
+        nonlocal counts
+        counts = decided(custom, everyone)
+        return counts[0] == size and counts[1] >= 0.99 * size
+
+    try:
+        wait_for(settled, timeout=300 + size * 0.2, what="decisions", interval=5)
+    except TimeoutError:
+        if counts[0] < size:
+            raise
+    # under load some readings go missing (scrape or query timeouts): measured, and said
+    log(
+        f"{counts[0]} WorkloadSizings decided after {time.monotonic() - started:.0f}s, "
+        f"{counts[1]} with known metrics"
     )
-    log(f"{size} WorkloadSizings decided after {time.monotonic() - started:.0f}s")
+    return counts[1]
 
 
 # --- change-to-write latency -------------------------------------------------------------------
@@ -502,8 +518,8 @@ def main() -> int:
         have = 0
         for size in sizes:
             log(f"size {size}: creating {size - have} workloads")
-            grow(cluster, apps, custom, have, size)
-            results[str(size)] = measure(cluster, op, apps, size, have, args)
+            known = grow(cluster, apps, custom, have, size)
+            results[str(size)] = {**measure(cluster, op, apps, size, have, args), "known": known}
             have = size
             log(f"size {size}: {json.dumps(results[str(size)])}")
             if args.out:
