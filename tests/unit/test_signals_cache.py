@@ -12,16 +12,19 @@ async def test_concurrent_callers_share_one_fetch_until_it_goes_stale() -> None:
     clock = [0.0]
     calls: list[str] = []
     release = asyncio.Event()
+    last_caller_in = asyncio.Event()
 
     async def fetch(key: str) -> str:
         calls.append(key)
+        if key == "b":  # created last: every "a" caller has reached the cache before it
+            last_caller_in.set()
         await release.wait()
         return f"{key}@{clock[0]}"
 
     cache: PeriodicCache[str, str] = PeriodicCache(fetch, 10.0, clock=lambda: clock[0])
     waiting = [asyncio.create_task(cache.get("a")) for _ in range(50)]
     other = asyncio.create_task(cache.get("b"))
-    await asyncio.sleep(0)  # let every caller reach the cache before the fetch finishes
+    await last_caller_in.wait()
     release.set()
     assert {await t for t in waiting} == {"a@0.0"} and await other == "b@0.0"
     assert calls == ["a", "b"]
