@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
 from e2e.tests.operator_support import (  # noqa: E402
-    H100,
     Operator,
+    deployment_manifest,
     install_manifests,
     sizing_spec,
 )
@@ -139,38 +139,7 @@ def workload_name(i: int) -> str:
 
 
 def deployment(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": {LABEL: "scale"},
-            "annotations": {
-                "gpusim.gpusizer.io/capacity-rps": "10",
-                "gpusim.gpusizer.io/memory-mib": "16000",
-                "gpusim.gpusizer.io/startup-seconds": "2",
-            },
-        },
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {"nvidia.com/gpu.product": H100},
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": "vllm/vllm-openai:v0.11.0",
-                            "resources": {"limits": {"nvidia.com/gpu": 1}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return deployment_manifest(name, NAMESPACE, labels={LABEL: "scale"})
 
 
 def workload_sizing(name: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ ends with what the operator did and what it saved against static peak provisioni
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from e2e.tests.operator_support import (
     Operator,
     Workloads,
     install_manifests,
+    recommend,
 )
 
 STATE = REPO / ".cluster"
@@ -160,20 +160,7 @@ def main() -> int:
         f"{saved:.0%} saved"
     )
     print("\n== right-sizing: what each GPU workload should run on (gpusizer recommend)")
-    report = subprocess.run(
-        [
-            str(REPO / ".venv" / "bin" / "gpusizer"),
-            "recommend",
-            "--prometheus-url",
-            cluster.prometheus_url,
-            "--history-seconds",
-            "300",
-        ],
-        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    report = recommend(cluster, 300, check=False)
     print(report.stdout or report.stderr)
     print(
         f"\nThe cluster is still running: `source {STATE}/env`; stop it with `make cluster-down`."

@@ -66,6 +66,76 @@ def install_manifests(cluster: Cluster) -> None:
     )
 
 
+def deployment_manifest(
+    name: str,
+    namespace: str,
+    *,
+    replicas: int = 1,
+    resource: str = "nvidia.com/gpu",
+    product: str = H100,
+    capacity_rps: float = 10,
+    memory_mib: int = 16000,
+    startup_seconds: float = 2,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A vLLM Deployment of GPU pods, with the emulator's annotations for its load model."""
+    annotations = {
+        "gpusim.gpusizer.io/capacity-rps": str(capacity_rps),
+        "gpusim.gpusizer.io/memory-mib": str(memory_mib),
+        "gpusim.gpusizer.io/startup-seconds": str(startup_seconds),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels or {},
+            "annotations": annotations,
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": product},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "resources": {"limits": {resource: 1}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def recommend(
+    cluster: Cluster, history_seconds: int, *args: str, check: bool, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`gpusizer recommend` against the cluster, as a user runs it."""
+    return subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "gpusizer"),
+            "recommend",
+            "--prometheus-url",
+            cluster.prometheus_url,
+            "--history-seconds",
+            str(history_seconds),
+            *args,
+        ],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+    )
+
+
 @dataclass(eq=False)
 class Operator:
     """One ``gpusizer run`` host process under the ServiceAccount's identity.
@@ -228,46 +298,9 @@ class Workloads:
     def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(obj), check=check)
 
-    def deployment(
-        self,
-        name: str,
-        replicas: int = 1,
-        resource: str = "nvidia.com/gpu",
-        product: str = H100,
-        capacity_rps: float = 10,
-        memory_mib: int = 16000,
-        startup_seconds: float = 2,
-    ) -> None:
-        annotations = {
-            "gpusim.gpusizer.io/capacity-rps": str(capacity_rps),
-            "gpusim.gpusizer.io/memory-mib": str(memory_mib),
-            "gpusim.gpusizer.io/startup-seconds": str(startup_seconds),
-        }
-        self.apply(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": self.namespace, "annotations": annotations},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {
-                        "metadata": {"labels": {"app": name}},
-                        "spec": {
-                            "nodeSelector": {"nvidia.com/gpu.product": product},
-                            "tolerations": [{"operator": "Exists"}],
-                            "containers": [
-                                {
-                                    "name": "vllm",
-                                    "image": "vllm/vllm-openai:v0.11.0",
-                                    "resources": {"limits": {resource: 1}},
-                                }
-                            ],
-                        },
-                    },
-                },
-            }
-        )
+    def deployment(self, name: str, **options: Any) -> None:
+        """Apply deployment_manifest(name, this namespace, **options)."""
+        self.apply(deployment_manifest(name, self.namespace, **options))
 
     def sizing(
         self, name: str, spec: dict[str, Any], **metadata: Any

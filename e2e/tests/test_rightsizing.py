@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from typing import Any
 
-from e2e.tests.conftest import REPO, Cluster, wait_until
-from e2e.tests.operator_support import Operator, Workloads, sizing_spec
+from e2e.tests.conftest import Cluster, wait_until
+from e2e.tests.operator_support import Operator, Workloads, recommend, sizing_spec
 
 H100_FAMILY = ["gpu-h100", "mig-1g.10gb", "mig-2g.20gb", "mig-3g.40gb"]
 
@@ -115,23 +113,7 @@ def test_recommend_reports_the_fleet(workloads: Workloads, cluster: Cluster) -> 
     workloads.load("oom", 1)
 
     def report() -> dict[str, Any] | None:
-        result = subprocess.run(
-            [
-                str(REPO / ".venv" / "bin" / "gpusizer"),
-                "recommend",
-                "--prometheus-url",
-                cluster.prometheus_url,
-                "--history-seconds",
-                "60",
-                "--format",
-                "json",
-            ],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
+        result = recommend(cluster, 60, "--format", "json", check=True, timeout=120)
         rows = {
             r["name"]: r
             for r in json.loads(result.stdout)["workloads"]
