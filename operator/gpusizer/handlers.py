@@ -15,14 +15,14 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prometheus_client import start_http_server
 
-from gpusizer.actuate.targets import Targets
+from gpusizer.actuate.targets import Targets, TargetView, target_view
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.catalog import load_catalog
 from gpusizer.reconcile import ClusterView, CycleCache, Dependencies, PodLabelKey, reconcile
@@ -31,11 +31,14 @@ from gpusizer.rightsizing import RightSizingSettings
 from gpusizer.signals.autoscalers import AutoscalerLister
 from gpusizer.signals.discovery import NodeInfo, OfferCache, node_info
 from gpusizer.signals.history import HistoryCache
-from gpusizer.signals.pods import PodInfo, pod_info
+from gpusizer.signals.pods import PodInfo, pod_info, requests_gpu
 from gpusizer.signals.promql import Tenancy
 from gpusizer.signals.source import PrometheusSettings, PrometheusSource
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 WORKER_THREADS = 32
 
@@ -129,20 +132,20 @@ async def report_peering(
         await asyncio.sleep(period_seconds)
 
 
-class OnePerKey(Mapping[str, NodeInfo]):
+class OnePerKey(Mapping[K, V]):
     """A kopf index holding one value per key, read as a plain mapping without copying it:
     copying the GPU nodes for every workload every cycle was 7 % of the operator's time at
     1,000 workloads (bench/scale.py)."""
 
-    def __init__(self, index: kopf.Index[str, NodeInfo]) -> None:
+    def __init__(self, index: kopf.Index[K, V]) -> None:
         self._index = index
 
-    def __getitem__(self, key: str) -> NodeInfo:
-        for value in self._index[key]:
+    def __getitem__(self, key: K) -> V:
+        for value in self._index.get(key, ()):
             return value
         raise KeyError(key)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[K]:
         return iter(self._index)
 
     def __len__(self) -> int:
@@ -227,6 +230,18 @@ def register(settings: OperatorSettings) -> None:
         info = pod_info(body)
         return {(namespace or "", key, value): info for key, value in info.labels.items()}
 
+    # Targets from a watch rather than a GET per workload per cycle: at 1,000 workloads the GETs
+    # and their JSON were a fifth of the operator's CPU (bench/scale.py). Only GPU workloads are
+    # kept, so the cache grows with them and not with the cluster; any other target is read
+    # with a GET, as before.
+    @kopf.index("apps", "v1", "deployments", id="deployments")
+    @kopf.index("apps", "v1", "statefulsets", id="statefulsets")
+    def gpu_targets(
+        *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[tuple[str, str], TargetView] | None:
+        view = target_view(body)
+        return {(namespace or "", name): view} if requests_gpu(view.pod_spec) else None
+
     @kopf.index("", "v1", "nodes", id="gpu_nodes")
     def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
         info = node_info(body)
@@ -260,6 +275,10 @@ def register(settings: OperatorSettings) -> None:
             pods_by_namespace=pods_by_namespace,
             nodes=OnePerKey(nodes_index),
             pods_by_label=kwargs["pods_by_label"],
+            targets={
+                "Deployment": OnePerKey(kwargs["deployments"]),
+                "StatefulSet": OnePerKey(kwargs["statefulsets"]),
+            },
         )
         assert namespace is not None  # WorkloadSizing is namespaced
         started = time.monotonic()

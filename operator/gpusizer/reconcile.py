@@ -20,8 +20,9 @@ from gpusizer.actuate.targets import (
     TargetProblem,
     Targets,
     TargetView,
+    cached_kind,
 )
-from gpusizer.api.v1alpha1 import Mode, Server, WorkloadSizingSpec
+from gpusizer.api.v1alpha1 import Mode, Server, TargetRef, WorkloadSizingSpec
 from gpusizer.policy.replicas import ReplicaCounts, ReplicaDecision, decide_replicas
 from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
@@ -119,11 +120,21 @@ PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
 
 @dataclass(frozen=True)
 class ClusterView:
-    """What the watches show: pods by namespace and by label, GPU nodes by name."""
+    """What the watches show: pods by namespace and by label, GPU nodes by name, and
+    Deployments and StatefulSets by kind, then (namespace, name)."""
 
     pods_by_namespace: Mapping[str, Iterable[PodInfo]]
     nodes: Mapping[str, NodeInfo]
     pods_by_label: Mapping[PodLabelKey, Iterable[PodInfo]] | None = None
+    targets: Mapping[str, Mapping[tuple[str, str], TargetView]] | None = None
+
+    def target(self, namespace: str, ref: TargetRef) -> TargetView | None:
+        """The target as the watch shows it, so a cycle over thousands of workloads sends no
+        GET for them; None (another kind, or one the watch has not shown yet) means read it
+        from the API server, which also says exactly why when it does not exist."""
+        if self.targets is None or not cached_kind(ref):
+            return None
+        return self.targets.get(ref.kind, {}).get((namespace, ref.name))
 
     def pods(self, namespace: str) -> Iterable[PodInfo]:
         return self.pods_by_namespace.get(namespace, ())
@@ -211,7 +222,9 @@ async def reconcile(
         )
 
     try:
-        target = await deps.targets.read(namespace, spec.target_ref)
+        target = view.target(namespace, spec.target_ref) or await deps.targets.read(
+            namespace, spec.target_ref
+        )
     except TargetNotFound as exc:
         return finish(
             {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_FOUND, str(exc))]

@@ -20,7 +20,7 @@ from kubernetes.dynamic.exceptions import (
     ResourceNotFoundError,
 )
 
-from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.api.v1alpha1 import GROUP, TargetRef
 from gpusizer.catalog.models import PRODUCT_LABEL
 
 
@@ -66,6 +66,10 @@ class SliceChange:
 # Kinds whose /scale is spec.replicas and spec.selector of the object itself (the API server's
 # own scale subresource for them), so one GET reads both.
 _SCALE_IN_SPEC = {("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("apps/v1", "ReplicaSet")}
+# Kinds the operator watches, so reading them costs no request: the kinds inference servers run as.
+WATCHED_KINDS = {("apps/v1", "Deployment"), ("apps/v1", "StatefulSet")}
+# Only the operator's own annotations of a target are read (pause, reshape record).
+ANNOTATION_PREFIX = f"{GROUP}/"
 
 
 def selector_string(selector: Mapping[str, Any] | None) -> str:
@@ -96,6 +100,28 @@ def _scale_of(obj: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def target_view(obj: Mapping[str, Any], scale: Mapping[str, Any] | None = None) -> TargetView:
+    """What a decision needs of a target object and its /scale (by default the one a Deployment
+    or StatefulSet has in its spec). Only the operator's own annotations are kept: a watch cache
+    of every Deployment would otherwise hold each one's last-applied-configuration."""
+    scale = _scale_of(obj) if scale is None else scale
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return TargetView(
+        replicas=int((scale.get("spec") or {}).get("replicas") or 0),
+        selector=str((scale.get("status") or {}).get("selector") or ""),
+        resource_version=str((scale.get("metadata") or {}).get("resourceVersion") or ""),
+        annotations={k: v for k, v in annotations.items() if k.startswith(ANNOTATION_PREFIX)},
+        generation=meta.get("generation"),
+        pod_spec=((obj.get("spec") or {}).get("template") or {}).get("spec"),
+    )
+
+
+def cached_kind(ref: TargetRef) -> bool:
+    """Whether the operator's watch cache (handlers.py) holds targets of this kind."""
+    return (ref.api_version, ref.kind) in WATCHED_KINDS
+
+
 class Targets:
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self._api_client = api_client
@@ -123,9 +149,8 @@ class Targets:
             # raw JSON: the dynamic client's ResourceInstance wrapping costs more CPU than the
             # request itself, and this runs for every workload every cycle
             obj = json.loads(resource.get(name=ref.name, namespace=namespace, serialize=False).data)
-            if (ref.api_version, ref.kind) in _SCALE_IN_SPEC:
-                scale = _scale_of(obj)  # the object already says what /scale would
-            else:
+            scale = None  # the object already says what /scale would
+            if (ref.api_version, ref.kind) not in _SCALE_IN_SPEC:
                 scale = json.loads(
                     scale_resource.get(name=ref.name, namespace=namespace, serialize=False).data
                 )
@@ -133,15 +158,7 @@ class Targets:
             raise TargetNotFound(
                 f"spec.targetRef: {ref.kind} {namespace}/{ref.name} does not exist"
             ) from exc
-        meta = obj.get("metadata") or {}
-        return TargetView(
-            replicas=int((scale.get("spec") or {}).get("replicas") or 0),
-            selector=str((scale.get("status") or {}).get("selector") or ""),
-            resource_version=str((scale.get("metadata") or {}).get("resourceVersion") or ""),
-            annotations=dict(meta.get("annotations") or {}),
-            generation=meta.get("generation"),
-            pod_spec=((obj.get("spec") or {}).get("template") or {}).get("spec"),
-        )
+        return target_view(obj, scale)
 
     async def read(self, namespace: str, ref: TargetRef) -> TargetView:
         return await asyncio.to_thread(self._read, namespace, ref)

@@ -53,6 +53,11 @@ def _gpu_resource(container: Mapping[str, Any]) -> tuple[str, int] | None:
     return None
 
 
+def requests_gpu(pod_spec: Mapping[str, Any] | None) -> bool:
+    """Whether any container of a pod (template) spec asks for an NVIDIA GPU resource."""
+    return any(_gpu_resource(c) for c in (pod_spec or {}).get("containers") or [])
+
+
 def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
     """Parse a pod object (as a dict); `container` picks the sized container by name."""
     meta = pod.get("metadata") or {}
