@@ -143,7 +143,8 @@ class Operator:
     ``name`` names its kubeconfig and logs (``<name>-<start>.log`` in ``workdir``);
     ``api_server`` and ``prometheus_url`` point it at proxies (fault_support.py) instead of the
     real servers; ``extra_args`` are more ``gpusizer run`` options; ``scrape`` makes Prometheus
-    scrape its /metrics as job ``gpusizer``. Every start mints a new token, so an operator
+    scrape its /metrics as job ``gpusizer``, every ``scrape_interval`` (Prometheus duration) or
+    at the cluster's 5 s when None. Every start mints a new token, so an operator
     stopped while the ServiceAccount is deleted and re-created (test_install.py) starts again.
     """
 
@@ -155,6 +156,7 @@ class Operator:
     api_server: str | None = None
     extra_args: list[str] = field(default_factory=list)
     scrape: bool = False
+    scrape_interval: str | None = None
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     health_port: int = 0
@@ -201,7 +203,12 @@ class Operator:
         wait_until(self._healthy, timeout=60, what=f"operator /healthz (log: {log_path})")
         if self.scrape:
             self.cluster.register_scrape_target(
-                "gpusizer-operator", [f"127.0.0.1:{self.metrics_port}"], job="gpusizer"
+                "gpusizer-operator",
+                [f"127.0.0.1:{self.metrics_port}"],
+                job="gpusizer",
+                labels={"__scrape_interval__": self.scrape_interval}
+                if self.scrape_interval
+                else None,
             )
 
     def _healthy(self) -> bool:
