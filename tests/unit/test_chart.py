@@ -20,6 +20,8 @@ import yaml
 from gpusizer.api.crd import crd_yaml
 from gpusizer.cli import build_parser
 
+from tests.unit.test_handlers import registered
+
 REPO = Path(__file__).parents[2]
 CHART = REPO / "charts" / "gpusizer"
 DEPLOY = REPO / "deploy"
@@ -356,6 +358,30 @@ def test_cluster_role_matches_the_operators_access() -> None:
     assert needed <= granted, needed - granted
     for verb in ("create", "update", "delete"):
         assert ("apps", "deployments", verb) not in granted
+
+
+def watched_by_the_operator() -> set[tuple[str, str]]:
+    registry = registered()
+    handlers = [
+        *registry._indexing.get_all_handlers(),
+        *registry._watching.get_all_handlers(),
+        *registry._spawning.get_all_handlers(),
+    ]
+    return {(h.selector.group or "", h.selector.any_name or "") for h in handlers}
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": '["llm"]'}])
+def test_every_resource_the_operator_watches_may_be_listed_and_watched(
+    values: dict[str, str],
+) -> None:
+    """kopf lists then watches every resource it indexes or handles; without both verbs it
+    retries the forbidden watch forever and the index never fills."""
+    objs = render(**values)
+    granted = set().union(*(grants(o) for o in objs if o["kind"] in ("ClusterRole", "Role")))
+    watched = watched_by_the_operator()
+    assert ("apps", "deployments") in watched and ("apps", "statefulsets") in watched
+    missing = {(g, r, v) for g, r in watched for v in ("list", "watch")} - granted
+    assert not missing, missing
 
 
 def test_reshape_permission_can_be_turned_off() -> None:

@@ -20,15 +20,24 @@ def test_one_value_per_key_reads_an_index_without_copying_it() -> None:
     assert "gpu-b" in nodes  # a view: later index updates show
 
 
-def test_a_failed_cycle_is_retried_at_the_next_period() -> None:
+def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
+    """The handlers `gpusizer run` registers, in a registry of their own."""
     previous = kopf.get_default_registry()
     registry = kopf.OperatorRegistry()
     kopf.set_default_registry(registry)
     try:
         register(
-            OperatorSettings(PrometheusSettings(url="http://prometheus"), sync_period_seconds=7)
+            OperatorSettings(
+                PrometheusSettings(url="http://prometheus"),
+                sync_period_seconds=sync_period_seconds,
+            )
         )
     finally:
         kopf.set_default_registry(previous)
+    return registry
+
+
+def test_a_failed_cycle_is_retried_at_the_next_period() -> None:
+    registry = registered(sync_period_seconds=7)
     timers = [h for h in registry._spawning.get_all_handlers() if isinstance(h, TimerHandler)]
     assert [(t.interval, t.backoff) for t in timers] == [(7, 7)]
