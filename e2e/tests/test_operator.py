@@ -48,6 +48,8 @@ def test_missing_target_is_a_condition_and_an_event(
     assert "no-such-deployment" in condition["message"]
     wait_until(lambda: "TargetNotFound" in workloads.event_reasons("ghost"), 30, what="event")
     assert operator.process is not None and operator.process.poll() is None
+    # the operator's log says it too, under the object's name
+    assert f"[{workloads.namespace}/ghost] TargetNotFound: " in operator.log_text()
 
 
 def test_scale_up_under_load_then_down_after_the_window(
@@ -73,6 +75,7 @@ def test_scale_up_under_load_then_down_after_the_window(
     status = workloads.status("chat")
     assert status["desiredReplicas"] >= 5 and status["observation"]["gpuUtilization"] is not None
     assert "Scaled" in workloads.event_reasons("chat")
+    assert f"[{workloads.namespace}/chat] Scaled: " in operator.log_text()
 
     dropped_at = time.time()
     workloads.load("chat", 3)

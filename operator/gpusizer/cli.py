@@ -186,13 +186,7 @@ def _run(args: argparse.Namespace) -> int:
         reshape_deadline_seconds=args.reshape_deadline,
         min_reshape_interval_seconds=args.reshape_min_interval,
     )
-    kopf.configure(
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
-        verbose=args.log_level == "debug",
-        quiet=args.log_level in ("warning", "error"),
-    )
-    if args.log_level != "debug":
-        logging.getLogger("kopf.objects").addFilter(_drop_routine_timer_lines)
+    configure_logging(args.log_format, args.log_level)
     handlers.register(settings)
     asyncio.run(
         kopf.operator(
@@ -294,6 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recommend(subparsers)
     _add_crds(subparsers)
     return parser
+
+
+def configure_logging(log_format: str, log_level: str) -> None:
+    """kopf's handler for every line. A line about one object names it: plain text starts
+    with [namespace/name] (kopf.configure's default leaves that out), JSON has an "object"."""
+    import kopf
+
+    kopf.configure(
+        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
+        log_prefix=None,
+        verbose=log_level == "debug",
+        quiet=log_level in ("warning", "error"),
+    )
+    if log_level != "debug":
+        logging.getLogger("kopf.objects").addFilter(_drop_routine_timer_lines)
 
 
 def _drop_routine_timer_lines(record: logging.LogRecord) -> bool:

@@ -267,6 +267,7 @@ def register(settings: OperatorSettings) -> None:
         body: kopf.Body,
         patch: kopf.Patch,
         memo: kopf.Memo,
+        logger: kopf.Logger,
         **kwargs: Any,
     ) -> None:
         pods_by_namespace: kopf.Index[str, PodInfo] = kwargs["pods_by_namespace"]
@@ -300,6 +301,14 @@ def register(settings: OperatorSettings) -> None:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         for event in outcome.events:
             kopf.event(body, type=event.type, reason=event.reason.value, message=event.message)
+            # the same line in the operator's log, under the object's name, for whoever reads
+            # logs rather than Events (Events expire after an hour)
+            logger.log(
+                logging.WARNING if event.type == "Warning" else logging.INFO,
+                "%s: %s",
+                event.reason.value,
+                event.message,
+            )
             metrics.KUBE_API_REQUESTS.labels(verb="POST").inc()  # kopf posts it
         if outcome.status_patch:
             patch.status.update(outcome.status_patch)

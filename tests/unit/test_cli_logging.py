@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterator
 
 import pytest
-from gpusizer.cli import _drop_routine_timer_lines
+from gpusizer.cli import _drop_routine_timer_lines, configure_logging
 
 
 def _record(level: int, message: str) -> logging.LogRecord:
@@ -23,3 +25,27 @@ def _record(level: int, message: str) -> logging.LogRecord:
 )
 def test_only_routine_success_lines_are_dropped(level: int, message: str, kept: bool) -> None:
     assert _drop_routine_timer_lines(_record(level, message)) is kept
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root, objects = logging.getLogger(), logging.getLogger("kopf.objects")
+    handlers, level, filters = root.handlers[:], root.level, objects.filters[:]
+    yield
+    root.handlers[:], objects.filters[:] = handlers, filters
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("log_format", ["plain", "json"])
+def test_a_line_about_a_workload_names_it(log_format: str) -> None:
+    configure_logging(log_format, "info")
+    record = _record(logging.INFO, "Scaled: 1 -> 4")
+    record.k8s_ref = {"namespace": "llm", "name": "chat", "kind": "WorkloadSizing"}  # kopf's
+    line = logging.getLogger().handlers[-1].format(record)
+    if log_format == "plain":
+        assert line.endswith("[llm/chat] Scaled: 1 -> 4")
+    else:
+        parsed = json.loads(line)
+        assert parsed["message"] == "Scaled: 1 -> 4"
+        assert parsed["object"]["namespace"] == "llm" and parsed["object"]["name"] == "chat"
