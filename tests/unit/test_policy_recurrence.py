@@ -119,12 +119,38 @@ def test_recurring_shortfall_hold(
     assert decide(events, current=current, now=now) == (desired, limit)
 
 
-def test_a_descent_is_measured_from_its_first_step() -> None:
-    # the gaps are 100 s and 150 s from the first scale-down, not 85 s and 135 s from the last
+def test_the_gap_is_the_longest_a_bought_back_replica_was_away() -> None:
+    # 10 -> 6 released the replicas 7-10, which came back 100 s and 150 s later; 6 -> 2
+    # released 3-6, back 85 s and 135 s later: the gaps are the longer ones
     assert decide(TWO_SHORTFALLS, now=HELD_UNTIL - 1)[0] == 10
     assert decide(TWO_SHORTFALLS, now=HELD_UNTIL)[0] == 1
     assert decide(TWO_SHORTFALLS, now=NOW - 100 + WINDOW + 135)[0] == 10
-    # the second gap, 150 s from its first step, is within the window; 200 s would not be
+
+
+# Two bursts after long descents: each began more than a window (180 s) before the queue
+# brought the fleet back (200 s and 250 s), but the replicas released last (6 -> 2) were
+# bought back within one (50 s and 60 s): those are shortfalls, and the gap is the longest
+# a replica bought back within a window was away, 60 s (10 -> 6's replicas are not regrets).
+LONG_DESCENTS = (
+    (NOW - 1500, 10, 6),
+    (NOW - 1350, 6, 2),
+    (NOW - 1300, 2, 10),  # 200 s after 10 -> 6, 50 s after 6 -> 2
+    (NOW - 1000, 10, 6),
+    (NOW - 810, 6, 2),
+    (NOW - 750, 2, 10),  # 250 s after 10 -> 6, 60 s after 6 -> 2
+    (NOW - 100, 10, 11),  # the last change: held until NOW - 100 + 180 + 60
+)
+
+
+def test_replicas_released_last_and_bought_back_within_a_window_are_a_shortfall() -> None:
+    held_until = NOW - 100 + WINDOW + 60
+    assert decide(LONG_DESCENTS, current=11) == (10, Reason.RECURRING_SHORTFALL)
+    assert decide(LONG_DESCENTS, current=11, now=held_until - 1) == (
+        10,
+        Reason.RECURRING_SHORTFALL,
+    )
+    # utilisation 7 % of 11 replicas asks for 2
+    assert decide(LONG_DESCENTS, current=11, now=held_until) == (2, Reason.NOT_LIMITED)
 
 
 def test_the_signals_still_win_over_the_hold() -> None:

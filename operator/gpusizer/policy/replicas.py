@@ -375,36 +375,47 @@ def _recurring_hold(
     a scale-down (or a run of them) ended by a scale-up beyond what a fully busy fleet's
     utilisation asks for (ceil(from x 100 / targetGPUUtilization); with a queue target only,
     any rise), which only the queue or the gateway asks: requests waited. A wake from zero is
-    not one (scale to zero has its own idle rule), and neither is capacity that came back
-    more than a down window after the descent began: the window is about one start-up, and
-    holding an idle replica for longer than two start-ups costs more than starting it again
-    (ski rental). One shortfall is an accident; two in the hour are a pattern: bursts that
-    recur with gaps longer than the down window. Then a scale-down below the highest level
-    those scale-ups reached waits until the down window plus the longest gap between the start
-    of a descent and the scale-up that ended it has passed since the last scale event:
-    capacity is let go a step at a time, each step one gap after the last change, so a burst
-    that recurs within the gaps seen finds it. Otherwise, and once the evidence is an hour
-    old, the down window alone rules.
+    not one (scale to zero has its own idle rule). The account is kept per replica: each
+    replica bought back was released by the descent step that crossed its level, and it is a
+    regret if it came back within a down window of that step. A rise with no regret is not a
+    shortfall: the window is about one start-up, and holding an idle replica for longer than
+    two start-ups costs more than starting it again (ski rental). A long descent whose first
+    steps are older than a window still ends in a shortfall when the replicas it released last
+    are bought back within one. One shortfall is an accident; two in the hour are a pattern:
+    bursts that recur with gaps longer than the down window. Then a scale-down below the
+    highest level those scale-ups reached waits until the down window plus the longest regret
+    (the longest a replica was away before it was bought back, at most a window) has passed
+    since the last scale event: capacity is let go a step at a time, each step one gap after
+    the last change, so a burst that recurs within the gaps seen finds it. Otherwise, and once
+    the evidence is an hour old, the down window alone rules.
     """
     recent = [e for e in events if e.time > now - RECURRENCE_LOOKBACK_SECONDS]
     target = rules.target_gpu_utilization
     window = rules.scale_down.stabilization_window_seconds
-    descent_start: float | None = None
+    descent: list[ScaleEventRecord] = []  # the scale-downs since the last rise
     levels: list[int] = []
     gaps: list[float] = []
     for e in recent:
         if e.to_replicas < e.from_replicas:
-            if descent_start is None:
-                descent_start = e.time
+            descent.append(e)
         elif e.to_replicas > e.from_replicas:
             fully_busy = e.from_replicas
             if target is not None:
                 fully_busy = math.ceil(e.from_replicas * 100.0 / target - 1e-9)
-            shortfall = e.from_replicas > 0 and e.to_replicas > fully_busy
-            if descent_start is not None and shortfall and e.time - descent_start <= window:
-                levels.append(e.to_replicas)
-                gaps.append(e.time - descent_start)
-            descent_start = None
+            if e.from_replicas > 0 and e.to_replicas > fully_busy:
+                # each replica bought back was released by the step that crossed its level;
+                # those back within a window of their release are the regrets
+                regrets = [
+                    e.time - d.time
+                    for d in descent
+                    if d.to_replicas < e.to_replicas
+                    and d.from_replicas > e.from_replicas
+                    and e.time - d.time <= window
+                ]
+                if regrets:
+                    levels.append(e.to_replicas)
+                    gaps.append(max(regrets))
+            descent = []
     if len(levels) < 2 or not recent:
         return None
     until = recent[-1].time + window + max(gaps)
