@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from gpusizer.catalog import Catalog, load_catalog
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.gpusim.exposition import ExporterOptions, render
+from e2e.gpusim import exposition
+from e2e.gpusim.exposition import CachedExposition, ExporterOptions, View, render
 from e2e.gpusim.model import ModelConfig
 from e2e.gpusim.sim import Simulator
 from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
@@ -308,3 +310,60 @@ def test_body_is_byte_for_byte_the_previous_renderers(
     if os.environ.get("GPUSIM_WRITE_GOLDEN"):
         path.write_bytes(body)
     assert body.decode() == path.read_text()
+
+
+def test_body_rendered_once_per_view(sim: Simulator) -> None:
+    cached = CachedExposition(sim.view, ExporterOptions())
+    first = cached.body()
+    assert cached.body() is first
+    sim.set_load(("llm", "chat"), 9.0)
+    sim.step()
+    second = cached.body()
+    assert second != first and second == render(sim.view(), ExporterOptions())
+    assert cached.body() is second
+
+
+def test_scrape_during_a_render_gets_the_previous_body(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cached = CachedExposition(sim.view, ExporterOptions())
+    first = cached.body()
+    rendering, finish = threading.Event(), threading.Event()
+
+    def slow_render(view: View, options: ExporterOptions) -> bytes:
+        rendering.set()
+        finish.wait(30)
+        return render(view, options)
+
+    monkeypatch.setattr(exposition, "render", slow_render)
+    sim.set_load(("llm", "chat"), 9.0)
+    sim.step()
+    ticker = threading.Thread(target=cached.body)  # the tick thread's render
+    ticker.start()
+    try:
+        assert rendering.wait(30)
+        assert cached.body() is first
+    finally:
+        finish.set()
+        ticker.join()
+    assert cached.body() == render(sim.view(), ExporterOptions())
+
+
+def test_run_renders_after_each_step(sim: Simulator) -> None:
+    """The emulator's tick thread passes the exposition's `body` as `then`."""
+    stop, called = threading.Event(), threading.Event()
+    before = sim.view()
+    views: list[View] = []
+
+    def then() -> None:
+        views.append(sim.view())
+        called.set()
+
+    runner = threading.Thread(target=sim.run, args=(0.0, stop, then))
+    runner.start()
+    try:
+        assert called.wait(30)
+    finally:
+        stop.set()
+        runner.join()
+    assert views[0] is not before
