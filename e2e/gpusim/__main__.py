@@ -75,9 +75,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    threads = [
-        threading.Thread(target=sim.run, args=(args.tick_seconds, stop), name="tick", daemon=True)
-    ]
+    # Each tick renders /metrics once, in the tick thread: scrapes only send bytes.
+    tick = (args.tick_seconds, stop, server.exposition.body)
+    threads = [threading.Thread(target=sim.run, args=tick, name="tick", daemon=True)]
     if not args.no_mig_manager:
         manager = MigManager(cluster, catalog, args.mig_reconfigure_seconds)
         threads.append(

@@ -12,9 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
-from e2e.gpusim.exposition import ExporterOptions, ViewCollector, render
+from e2e.gpusim.exposition import CachedExposition, ExporterOptions
 from e2e.gpusim.sim import Simulator
 
 log = logging.getLogger(__name__)
@@ -43,8 +41,7 @@ class GpusimServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], sim: Simulator, options: ExporterOptions) -> None:
         super().__init__(address, _Handler)
         self.sim = sim
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ViewCollector(sim.view, options))
+        self.exposition = CachedExposition(sim.view, options)
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(
@@ -85,8 +82,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/metrics":
-            text = render(self.server.registry.collect())
-            self._send(200, text, "text/plain; version=0.0.4; charset=utf-8")
+            body = self.server.exposition.body()
+            self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
         elif self.path in ("/healthz", "/health"):
             self._send(200, b"ok\n", "text/plain")
         else:

@@ -43,8 +43,9 @@ class Simulator:
         self._view = View(devices=[], energy_mj={}, servers=[], workloads={})
 
     def view(self) -> View:
-        with self._lock:
-            return self._view
+        """The last tick's view, without the lock: a tick replaces it whole, and a scrape must
+        not wait for a tick in progress."""
+        return self._view
 
     def step(self) -> None:
         """Advance to the clock's now: read the cluster, serve load, patch pods, refresh series."""
@@ -164,11 +165,15 @@ class Simulator:
                 "pods": pods,
             }
 
-    def run(self, interval: float, stop: threading.Event) -> None:
-        """Tick until stopped; a failing tick is logged and retried, never fatal."""
+    def run(
+        self, interval: float, stop: threading.Event, then: Callable[[], object] = lambda: None
+    ) -> None:
+        """Tick, and call `then` after each step, until stopped; a failing tick is logged and
+        retried, never fatal."""
         while not stop.is_set():
             try:
                 self.step()
+                then()
             except Exception:
                 log.exception("simulator tick failed")
             stop.wait(interval)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -72,6 +73,36 @@ def test_healthz_and_metrics(api: Harness) -> None:
     assert 'GPU_I_PROFILE="3g.40gb"' in text and "DCGM_FI_DEV_GPU_UTIL" not in text.replace(
         "# HELP DCGM_FI_DEV_GPU_UTIL", ""
     ).replace("# TYPE DCGM_FI_DEV_GPU_UTIL", "")
+
+
+def test_metrics_follow_ticks(api: Harness) -> None:
+    _, before = api.call("GET", "/metrics")
+    assert api.call("GET", "/metrics")[1] == before
+    api.call("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": 2.0})
+    api.advance(6)
+    _, after = api.call("GET", "/metrics")
+    assert after != before and "vllm:num_requests_running{" in after
+
+
+def test_scrape_does_not_wait_for_a_tick_in_progress(api: Harness) -> None:
+    """Prometheus gives up after its scrape timeout; a slow tick must not make it."""
+    _, before = api.call("GET", "/metrics")
+    ticking, finish = threading.Event(), threading.Event()
+
+    def stuck_clock() -> float:  # read by the tick while it holds the simulator's lock
+        ticking.set()
+        finish.wait(30)
+        return api.now
+
+    api.sim.clock = stuck_clock
+    tick = threading.Thread(target=api.sim.step)
+    tick.start()
+    try:
+        assert ticking.wait(30)
+        assert api.call("GET", "/metrics") == (200, before)
+    finally:
+        finish.set()
+        tick.join()
 
 
 def test_set_load_and_describe(api: Harness) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 from gpusizer.catalog import Catalog, load_catalog
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.gpusim.exposition import ExporterOptions, metrics, render
+from e2e.gpusim import exposition
+from e2e.gpusim.exposition import CachedExposition, ExporterOptions, View, render
 from e2e.gpusim.model import ModelConfig
 from e2e.gpusim.sim import Simulator
 from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
@@ -41,7 +47,7 @@ def catalog() -> Catalog:
 
 def scrape(sim: Simulator, options: ExporterOptions | None = None) -> tuple[str, Series]:
     """Series by their exposed name, with label order read from the text itself."""
-    text = render(metrics(sim.view(), options or ExporterOptions())).decode()
+    text = render(sim.view(), options or ExporterOptions()).decode()
     rows: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if not line.startswith("#"):
@@ -220,3 +226,144 @@ def test_terminated_pod_disappears(catalog: Catalog) -> None:
     _, series = scrape(sim)
     assert all("pod" not in labels for _, labels, _ in series["DCGM_FI_DEV_FB_USED"])
     assert "vllm:num_requests_waiting" not in series
+
+
+GOLDEN = Path(__file__).parent / "gpusim_exposition"
+"""Bodies rendered by the prometheus_client-based renderer this one replaced (commit 09b81f1).
+
+After an intended change of the output: GPUSIM_WRITE_GOLDEN=1 pytest this file, and review
+the diff of these files.
+"""
+
+
+def busy_cluster(catalog: Catalog) -> Simulator:
+    """Whole GPUs and MIG instances, idle and loaded, a queue, an OOM and a pending pod."""
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 3)
+    source.nodes["gpu-b"] = gpu_node(catalog, "gpu-b", "a100-80gb", 2, "all-balanced")
+    source.nodes["gpu-c"] = gpu_node(catalog, "gpu-c", "l4", 1)
+    source.add_pod(gpu_pod("chat-1", "gpu-a", annotations={"gpusim.gpusizer.io/memory-mib": "3e4"}))
+    name = "gpusim.gpusizer.io/model-name"  # escaped in label values: \\, newline and "
+    source.add_pod(gpu_pod("chat-2", "gpu-a", running_since=2.0, annotations={name: "C:\\chat"}))
+    source.add_pod(
+        gpu_pod(
+            "pair-1",
+            "gpu-a",
+            workload="pair",
+            namespace="batch",
+            count=2,
+            annotations={name: "pair\nfp8"},
+        )
+    )
+    source.add_pod(
+        gpu_pod(
+            "small-1",
+            "gpu-b",
+            "nvidia.com/mig-3g.40gb",
+            workload="small",
+            annotations={name: 'org/model "v2"'},
+        )
+    )
+    source.add_pod(gpu_pod("tiny-1", "gpu-b", "nvidia.com/mig-1g.10gb", workload="tiny"))
+    source.add_pod(
+        gpu_pod(
+            "big-1",
+            "gpu-c",
+            workload="big",
+            annotations={"gpusim.gpusizer.io/memory-mib": "40000"},  # OOM on an L4
+        )
+    )
+    source.add_pod(gpu_pod("late-1", None, workload="late"))
+    now = [0.0]
+    sim = Simulator(source, catalog, ModelConfig(startup_seconds=1), clock=lambda: now[0])
+    for key, rps in [("chat", 26.5), ("small", 1.3), ("tiny", 0.25), ("big", 3.0), ("idle", 0.0)]:
+        sim.set_load(("llm", key), rps)
+    sim.set_load(("batch", "pair"), 5.5)
+    for t in range(12):
+        now[0] = t * 0.7
+        sim.step()
+    return sim
+
+
+def idle_cluster(catalog: Catalog) -> Simulator:
+    """GPUs without pods: no vLLM samples (their counter keeps its own name)."""
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 1, "all-1g.10gb")
+    sim = Simulator(source, catalog, clock=lambda: 0.0)
+    sim.step()
+    return sim
+
+
+@pytest.mark.parametrize(
+    ("cluster", "options", "golden"),
+    [
+        (busy_cluster, ExporterOptions(), "busy.prom"),
+        (busy_cluster, ExporterOptions("hostname", exported_labels=True), "busy-exported.prom"),
+        (idle_cluster, ExporterOptions(), "idle.prom"),
+    ],
+)
+def test_body_is_byte_for_byte_the_previous_renderers(
+    catalog: Catalog, cluster: Callable[[Catalog], Simulator], options: ExporterOptions, golden: str
+) -> None:
+    body = render(cluster(catalog).view(), options)
+    path = GOLDEN / golden
+    if os.environ.get("GPUSIM_WRITE_GOLDEN"):
+        path.write_bytes(body)
+    assert body.decode() == path.read_text()
+
+
+def test_body_rendered_once_per_view(sim: Simulator) -> None:
+    cached = CachedExposition(sim.view, ExporterOptions())
+    first = cached.body()
+    assert cached.body() is first
+    sim.set_load(("llm", "chat"), 9.0)
+    sim.step()
+    second = cached.body()
+    assert second != first and second == render(sim.view(), ExporterOptions())
+    assert cached.body() is second
+
+
+def test_scrape_during_a_render_gets_the_previous_body(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cached = CachedExposition(sim.view, ExporterOptions())
+    first = cached.body()
+    rendering, finish = threading.Event(), threading.Event()
+
+    def slow_render(view: View, options: ExporterOptions) -> bytes:
+        rendering.set()
+        finish.wait(30)
+        return render(view, options)
+
+    monkeypatch.setattr(exposition, "render", slow_render)
+    sim.set_load(("llm", "chat"), 9.0)
+    sim.step()
+    ticker = threading.Thread(target=cached.body)  # the tick thread's render
+    ticker.start()
+    try:
+        assert rendering.wait(30)
+        assert cached.body() is first
+    finally:
+        finish.set()
+        ticker.join()
+    assert cached.body() == render(sim.view(), ExporterOptions())
+
+
+def test_run_renders_after_each_step(sim: Simulator) -> None:
+    """The emulator's tick thread passes the exposition's `body` as `then`."""
+    stop, called = threading.Event(), threading.Event()
+    before = sim.view()
+    views: list[View] = []
+
+    def then() -> None:
+        views.append(sim.view())
+        called.set()
+
+    runner = threading.Thread(target=sim.run, args=(0.0, stop, then))
+    runner.start()
+    try:
+        assert called.wait(30)
+    finally:
+        stop.set()
+        runner.join()
+    assert views[0] is not before
