@@ -24,6 +24,7 @@ from gpusizer.sim.replay import (
     replay,
 )
 from gpusizer.sim.trace import load_trace
+from hostinfo import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 PEAK_REPLICAS = 8
@@ -33,16 +34,6 @@ DROP_AFTER_SECONDS = 60.0
 # The Mooncake trace's arrivals are quantised to about 3 s (traces/README.md): finer bins
 # would replay a sawtooth that is not in the load.
 BIN_SECONDS = {"mooncake-conversation": 3.0}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def summary(all_results: dict[str, dict[str, Result]]) -> str:

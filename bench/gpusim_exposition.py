@@ -35,6 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hostinfo import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 GPUS_PER_NODE = 64
 
@@ -115,16 +117,6 @@ def measure(n: int, repeat: int, tree: Path) -> dict[str, float]:
         "scrape_ticking_s": statistics.median(busy),
         "scrape_ticking_max_s": max(busy),
     }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 COLUMNS = [

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import random
 import signal
 import subprocess
@@ -40,6 +39,7 @@ from typing import Any
 
 import requests
 import yaml
+from hostinfo import machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,22 +72,6 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-    }
 
 
 # --- the operator process ---------------------------------------------------------------------
