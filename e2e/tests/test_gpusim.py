@@ -11,13 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from .conftest import Cluster, wait_until
+from .operator_support import deployment_manifest
 
 pytestmark = pytest.mark.e2e
-
-H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 def http_json(method: str, url: str, body: Any = None) -> Any:
@@ -31,34 +29,6 @@ def promql(cluster: Cluster, query: str) -> list[dict[str, Any]]:
     url = f"{cluster.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     result: list[dict[str, Any]] = http_json("GET", url)["data"]["result"]
     return result
-
-
-def gpu_deployment(
-    namespace: str, name: str, resource: str, annotations: dict[str, str], replicas: int = 1
-) -> str:
-    doc = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {"nvidia.com/gpu.product": H100},
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": "vllm/vllm-openai:v0.8.5",
-                            "resources": {"limits": {resource: "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-    return yaml.safe_dump(doc)
 
 
 def pods(cluster: Cluster, namespace: str, app: str) -> list[dict[str, Any]]:
@@ -84,14 +54,10 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 def test_replica_becomes_ready_after_startup_and_serves_series(
     cluster: Cluster, namespace: str
 ) -> None:
-    annotations = {
-        "gpusim.gpusizer.io/startup-seconds": "8",
-        "gpusim.gpusizer.io/capacity-rps": "10",
-        "gpusim.gpusizer.io/memory-mib": "20000",
-    }
-    cluster.kubectl(
-        "apply", "-f", "-", stdin=gpu_deployment(namespace, "chat", "nvidia.com/gpu", annotations)
+    chat = deployment_manifest(
+        "chat", namespace, startup_seconds=8, capacity_rps=10, memory_mib=20000
     )
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(chat))
     running = wait_until(
         lambda: [
             p for p in pods(cluster, namespace, "chat") if p["status"].get("phase") == "Running"
@@ -141,16 +107,10 @@ def test_replica_becomes_ready_after_startup_and_serves_series(
 
 
 def test_model_too_big_for_its_slice_is_oom_killed(cluster: Cluster, namespace: str) -> None:
-    annotations = {
-        "gpusim.gpusizer.io/startup-seconds": "2",
-        "gpusim.gpusizer.io/memory-mib": "30000",
-    }
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=gpu_deployment(namespace, "big", "nvidia.com/mig-1g.10gb", annotations),
+    big = deployment_manifest(
+        "big", namespace, resource="nvidia.com/mig-1g.10gb", startup_seconds=2, memory_mib=30000
     )
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(big))
 
     def oom_killed() -> dict[str, Any] | None:
         for pod in pods(cluster, namespace, "big"):
