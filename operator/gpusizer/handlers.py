@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import random
 import time
@@ -18,15 +19,27 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import kopf
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
 from gpusizer.actuate.targets import Targets, TargetView, target_view
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.catalog import load_catalog
-from gpusizer.reconcile import ClusterView, CycleCache, Dependencies, PodLabelKey, reconcile
+from gpusizer.reconcile import (
+    ClusterView,
+    Cycle,
+    CycleClock,
+    Dependencies,
+    PodLabelKey,
+    fetch_cycle,
+    reconcile,
+)
 from gpusizer.report import metrics
+from gpusizer.report.status import StatusOverlay
+from gpusizer.report.writer import StatusWriter
 from gpusizer.rightsizing import RightSizingSettings
 from gpusizer.signals.autoscalers import AutoscalerLister
 from gpusizer.signals.discovery import NodeInfo, OfferCache, node_info
@@ -41,6 +54,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 WORKER_THREADS = 32
+DECISION_GRACE_SECONDS = 30.0  # a decision under way when kopf stops its daemon
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,68 @@ class OnePerKey(Mapping[K, V]):
         return len(self._index)
 
 
+@dataclass
+class Workload:
+    """One WorkloadSizing as its daemon sees it: the body kopf keeps current from the watch,
+    and the status this process wrote since."""
+
+    namespace: str
+    name: str
+    body: kopf.Body
+    logger: kopf.Logger
+    status: StatusOverlay = field(default_factory=StatusOverlay)
+
+    async def size(
+        self, cycle: Cycle, view: ClusterView, deps: Dependencies, writer: StatusWriter
+    ) -> None:
+        started = time.monotonic()
+        try:
+            outcome = await reconcile(
+                self.namespace,
+                self.name,
+                dict(self.body.spec),
+                self.status.current(self.body.status),
+                dict(self.body.meta.annotations),
+                self.body.meta.get("generation"),
+                view,
+                cycle,
+                deps,
+            )
+        except Exception:  # a bug: say so under the object's name, and decide again next cycle
+            metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
+            self.logger.exception("sizing failed; it is tried again at the next cycle")
+            return
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        for event in outcome.events:
+            kopf.event(self.body, type=event.type, reason=event.reason.value, message=event.message)
+            # the same line in the operator's log, under the object's name, for whoever reads
+            # logs rather than Events (Events expire after an hour)
+            self.logger.log(
+                logging.WARNING if event.type == "Warning" else logging.INFO,
+                "%s: %s",
+                event.reason.value,
+                event.message,
+            )
+            metrics.KUBE_API_REQUESTS.labels(verb="POST").inc()  # kopf posts it
+        if outcome.status_patch:
+            await self._write(outcome.status_patch, writer)
+
+    async def _write(self, patch: Mapping[str, Any], writer: StatusWriter) -> None:
+        outgoing = self.status.outgoing(patch)
+        try:
+            written = await writer.write(self.namespace, self.name, outgoing)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            self.status.failed(outgoing)
+            self.logger.warning(
+                "writing the status failed; it goes out with the next cycle's: %s", exc
+            )
+            return
+        self.status.wrote(written)
+        for status_field in outgoing:
+            metrics.STATUS_WRITES.labels(field=status_field).inc()
+
+
 def register(settings: OperatorSettings) -> None:
     @kopf.on.startup()
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -177,9 +253,6 @@ def register(settings: OperatorSettings) -> None:
         memo.deps = Dependencies(
             prometheus=prometheus,
             targets=Targets(client),
-            cycles=CycleCache(
-                prometheus, AutoscalerLister(client).list, config.sync_period_seconds
-            ),
             rightsizing=RightSizingSettings(
                 catalog=catalog,
                 history=HistoryCache(prometheus, config.rightsizing_period_seconds),
@@ -189,6 +262,12 @@ def register(settings: OperatorSettings) -> None:
             ),
             tenancy=config.tenancy,
         )
+        memo.status_writer = StatusWriter(client)
+        memo.clock = CycleClock(
+            functools.partial(fetch_cycle, prometheus, AutoscalerLister(client).list),
+            config.sync_period_seconds,
+        )
+        memo.clock_task = asyncio.create_task(memo.clock.run())
         start_http_server(config.metrics_port)
         if config.peering:
             memo.peering_report = asyncio.create_task(
@@ -210,6 +289,7 @@ def register(settings: OperatorSettings) -> None:
         """On SIGTERM, reads and writes still queued for a worker thread are dropped (every
         decision is made again by the next process): asyncio would otherwise run all of them
         before exiting, over 30 s at 1,000 workloads, past a pod's grace period."""
+        memo.clock_task.cancel()
         memo.executor.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.probe(id="prometheus")
@@ -247,29 +327,31 @@ def register(settings: OperatorSettings) -> None:
         info = node_info(body)
         return {name: info} if info.allocatable else None
 
-    # After a failed cycle (the API server away), try again at the next period rather than
-    # after kopf's default 60 s back-off.
-    @kopf.timer(
+    # One daemon per WorkloadSizing, woken by the shared cycle clock rather than a timer of its
+    # own: kopf starts it once its indexes are filled and stops it when the object goes or
+    # when peering pauses this replica, so the clock only ever drives objects this replica
+    # may act on. A decision under way when it is stopped finishes (`cancellation_backoff`);
+    # one that fails unexpectedly is retried at the next period (`backoff`).
+    @kopf.daemon(
         GROUP,
         VERSION,
         PLURAL,
-        interval=settings.sync_period_seconds,
-        sharp=True,
+        id="size_workload",
         backoff=settings.sync_period_seconds,
+        cancellation_backoff=DECISION_GRACE_SECONDS,
+        cancellation_timeout=DECISION_GRACE_SECONDS,
     )
     async def size_workload(
         *,
         name: str,
         namespace: str | None,
-        spec: kopf.Spec,
-        status: kopf.Status,
-        meta: kopf.Meta,
         body: kopf.Body,
-        patch: kopf.Patch,
+        stopped: kopf.DaemonStopped,
         memo: kopf.Memo,
         logger: kopf.Logger,
         **kwargs: Any,
     ) -> None:
+        assert namespace is not None  # WorkloadSizing is namespaced
         pods_by_namespace: kopf.Index[str, PodInfo] = kwargs["pods_by_namespace"]
         nodes_index: kopf.Index[str, NodeInfo] = kwargs["gpu_nodes"]
         view = ClusterView(
@@ -281,40 +363,15 @@ def register(settings: OperatorSettings) -> None:
                 "StatefulSet": OnePerKey(kwargs["statefulsets"]),
             },
         )
-        assert namespace is not None  # WorkloadSizing is namespaced
-        started = time.monotonic()
+        workload = Workload(namespace, name, body, logger)
+        clock: CycleClock = memo.clock
+        stop = asyncio.ensure_future(stopped.wait())
         try:
-            outcome = await reconcile(
-                namespace,
-                name,
-                dict(spec),
-                dict(status),
-                dict(meta.annotations),
-                meta.get("generation"),
-                view,
-                memo.deps,
-            )
-        except Exception:
-            metrics.RECONCILE_ERRORS.labels(namespace, name).inc()
-            raise
+            with clock.listening():
+                async for cycle in clock.cycles(until=stop):
+                    await workload.size(cycle, view, memo.deps, memo.status_writer)
         finally:
-            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-        for event in outcome.events:
-            kopf.event(body, type=event.type, reason=event.reason.value, message=event.message)
-            # the same line in the operator's log, under the object's name, for whoever reads
-            # logs rather than Events (Events expire after an hour)
-            logger.log(
-                logging.WARNING if event.type == "Warning" else logging.INFO,
-                "%s: %s",
-                event.reason.value,
-                event.message,
-            )
-            metrics.KUBE_API_REQUESTS.labels(verb="POST").inc()  # kopf posts it
-        if outcome.status_patch:
-            patch.status.update(outcome.status_patch)
-            metrics.KUBE_API_REQUESTS.labels(verb="PATCH").inc()  # kopf applies it
-            for status_field in outcome.status_patch:
-                metrics.STATUS_WRITES.labels(field=status_field).inc()
+            stop.cancel()
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
     def forget_deleted(

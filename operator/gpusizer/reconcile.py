@@ -6,9 +6,11 @@ returns, so the flow is testable and the handlers stay thin.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +38,6 @@ from gpusizer.report.status import (
 )
 from gpusizer.rightsizing import RightSizingOutcome, RightSizingSettings, right_size
 from gpusizer.signals.autoscalers import TargetKey
-from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.join import WorkloadSignals, workload_signals
 from gpusizer.signals.pods import PodInfo, equality_term, matches_selector
@@ -67,44 +68,93 @@ class Cycle:
     error: str | None = None
 
 
-class CycleCache:
-    """The batched Prometheus snapshot and the list of other autoscalers, fetched by the
-    first workload of a sync period and reused by the rest."""
+async def fetch_cycle(
+    prometheus: PrometheusSource,
+    list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
+) -> Cycle:
+    """The batched Prometheus snapshot and the list of other autoscalers, for every workload."""
+    started = time.monotonic()
+    snapshot = await prometheus.snapshot(Server)
+    metrics.CYCLE_SECONDS.observe(time.monotonic() - started)
+    try:
+        owners = await list_autoscalers()
+        error = None
+    except Exception as exc:  # the API server is down or refusing: say so, act on nothing
+        log.warning("listing HPAs and ScaledObjects failed: %s", exc)
+        owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
+    return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
 
-    def __init__(
-        self,
-        prometheus: PrometheusSource,
-        list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
-        period_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._prometheus = prometheus
-        self._list_autoscalers = list_autoscalers
-        self._cache: PeriodicCache[None, Cycle] = PeriodicCache(
-            self._fetch, period_seconds * 0.9, clock
-        )
 
-    async def _fetch(self, _: None) -> Cycle:
-        started = time.monotonic()
-        snapshot = await self._prometheus.snapshot(Server)
-        metrics.CYCLE_SECONDS.observe(time.monotonic() - started)
+class CycleClock:
+    """One snapshot per sync period, handed to every workload the moment it arrives.
+
+    Each workload waits here for the next cycle instead of running on a timer of its own: with
+    timers a change waited up to a period for the shared snapshot and up to another for the
+    workload's own tick (bench/scale.py). Nothing is fetched while no workload listens (a
+    replica paused behind its peer)."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[Cycle]], period_seconds: float) -> None:
+        self._fetch = fetch
+        self._period = period_seconds
+        self._listeners = 0
+        self._number = 0
+        self._latest: Cycle | None = None
+        self._published_at = 0.0
+        self._arrived: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wanted = asyncio.Event()
+
+    async def run(self) -> None:
+        """Fetch at every period while a workload listens; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._listeners:
+                self._wanted.clear()
+                await self._wanted.wait()
+            started = loop.time()
+            try:
+                self.publish(await self._fetch())
+            except Exception:  # a bug, not an outage (fetch reports those): keep the beat
+                log.exception("fetching the cycle's metrics failed")
+            # the beat itself: the next period starts one period after this one did
+            await asyncio.sleep(max(0.0, self._period - (loop.time() - started)))
+
+    def publish(self, cycle: Cycle) -> None:
+        self._latest = cycle
+        self._published_at = asyncio.get_running_loop().time()
+        self._number += 1
+        arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
+        arrived.set_result(None)
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        self._listeners += 1
+        self._wanted.set()
         try:
-            owners = await self._list_autoscalers()
-            error = None
-        except Exception as exc:  # the API server is down or refusing: say so, act on nothing
-            log.warning("listing HPAs and ScaledObjects failed: %s", exc)
-            owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
-        return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
+            yield
+        finally:
+            self._listeners -= 1
 
-    async def get(self) -> Cycle:
-        return await self._cache.get(None)
+    async def cycles(self, until: asyncio.Future[Any]) -> AsyncIterator[Cycle]:
+        """Every cycle from now on, until `until` is done. One that arrives while the caller
+        is still busy with the previous is skipped for the newest. The first is the latest if
+        it is at most a period old: after a pause it may be hours old."""
+        seen = 0
+        while not until.done():
+            latest = self._latest
+            if latest is not None and self._number > seen and (seen or not self._stale()):
+                seen = self._number
+                yield latest
+                continue
+            await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
+
+    def _stale(self) -> bool:
+        return asyncio.get_running_loop().time() - self._published_at > self._period
 
 
 @dataclass
 class Dependencies:
     prometheus: PrometheusSource
     targets: Targets
-    cycles: CycleCache
     rightsizing: RightSizingSettings
     tenancy: Tenancy = field(default_factory=Tenancy)
     status_refresh_seconds: float = STATUS_REFRESH_SECONDS
@@ -171,6 +221,7 @@ async def reconcile(
     annotations: Mapping[str, str],
     generation: int | None,
     view: ClusterView,
+    cycle: Cycle,
     deps: Dependencies,
     now: float | None = None,
 ) -> Outcome:
@@ -234,7 +285,6 @@ async def reconcile(
             {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_SCALABLE, str(exc))]
         )
 
-    cycle = await deps.cycles.get()
     if cycle.error is not None:
         return finish(
             {"currentReplicas": target.replicas},

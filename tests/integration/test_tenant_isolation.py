@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from gpusizer.actuate.targets import TargetView
 from gpusizer.api.v1alpha1 import TargetRef
-from gpusizer.reconcile import ClusterView, CycleCache, Dependencies, reconcile
+from gpusizer.reconcile import ClusterView, Dependencies, fetch_cycle, reconcile
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.promql import Tenancy, restrict
 from gpusizer.signals.source import PrometheusSettings, PrometheusSource
@@ -54,7 +54,6 @@ def deps(source: PrometheusSource, tenancy: Tenancy, target: OneTarget) -> Depen
     return Dependencies(
         prometheus=source,
         targets=target,  # type: ignore[arg-type]
-        cycles=CycleCache(source, no_autoscalers, period_seconds=60),
         rightsizing=None,  # type: ignore[arg-type]  # rightSizing.mode is Off
         tenancy=tenancy,
     )
@@ -71,10 +70,21 @@ def spec(wake: str) -> dict[str, Any]:
 
 
 async def run(
-    source: PrometheusSource, wake: str, tenancy: Tenancy, target: OneTarget, status: Any = None
+    source: RecordingSource, wake: str, tenancy: Tenancy, target: OneTarget, status: Any = None
 ) -> Any:
+    """One decision on a fresh cycle; `source.sent` then holds only the workload's queries."""
+    cycle = await fetch_cycle(source, no_autoscalers)
+    source.sent.clear()
     return await reconcile(
-        "llm", "chat", spec(wake), status, {}, 1, ClusterView({}, {}), deps(source, tenancy, target)
+        "llm",
+        "chat",
+        spec(wake),
+        status,
+        {},
+        1,
+        ClusterView({}, {}),
+        cycle,
+        deps(source, tenancy, target),
     )
 
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from gpusizer.cli import _drop_routine_timer_lines, configure_logging
+from gpusizer.cli import _drop_routine_success_lines, configure_logging
 
 
 def _record(level: int, message: str) -> logging.LogRecord:
@@ -17,14 +17,14 @@ def _record(level: int, message: str) -> logging.LogRecord:
 @pytest.mark.parametrize(
     ("level", "message", "kept"),
     [
-        (logging.INFO, "Timer 'size_workload' succeeded.", False),
-        (logging.ERROR, "Timer 'size_workload' failed with an exception. Will retry.", True),
+        (logging.INFO, "Daemon 'size_workload' succeeded.", False),
+        (logging.ERROR, "Daemon 'size_workload' failed with an exception. Will retry.", True),
         (logging.WARNING, "Patching failed with inconsistencies", True),
         (logging.INFO, "Handler 'forget_deleted' is invoked.", True),
     ],
 )
 def test_only_routine_success_lines_are_dropped(level: int, message: str, kept: bool) -> None:
-    assert _drop_routine_timer_lines(_record(level, message)) is kept
+    assert _drop_routine_success_lines(_record(level, message)) is kept
 
 
 @pytest.fixture

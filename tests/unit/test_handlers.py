@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import kopf
-from gpusizer.handlers import OnePerKey, OperatorSettings, register
+from gpusizer.handlers import DECISION_GRACE_SECONDS, OnePerKey, OperatorSettings, register
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.source import PrometheusSettings
-from kopf._core.intents.handlers import TimerHandler
+from kopf._core.intents.handlers import DaemonHandler, TimerHandler
 
 
 def test_one_value_per_key_reads_an_index_without_copying_it() -> None:
@@ -37,7 +37,13 @@ def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
     return registry
 
 
-def test_a_failed_cycle_is_retried_at_the_next_period() -> None:
+def test_workloads_are_driven_by_the_cycle_clock_not_by_timers() -> None:
     registry = registered(sync_period_seconds=7)
-    timers = [h for h in registry._spawning.get_all_handlers() if isinstance(h, TimerHandler)]
-    assert [(t.interval, t.backoff) for t in timers] == [(7, 7)]
+    spawned = registry._spawning.get_all_handlers()
+    assert not [h for h in spawned if isinstance(h, TimerHandler)]
+    daemons = [h for h in spawned if isinstance(h, DaemonHandler)]
+    assert [d.id for d in daemons] == ["size_workload"]
+    # a failed decision is retried at the next period; one under way when kopf stops the daemon
+    # (deleted, paused behind a peer) is given time to finish rather than being cancelled
+    assert daemons[0].backoff == 7
+    assert daemons[0].cancellation_backoff == DECISION_GRACE_SECONDS > 0

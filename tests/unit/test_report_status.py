@@ -8,6 +8,7 @@ import pytest
 from gpusizer.policy.replicas import History, ScaleEventRecord
 from gpusizer.report.status import (
     ConditionState,
+    StatusOverlay,
     history_from_status,
     history_to_status,
     merge_conditions,
@@ -118,3 +119,36 @@ def test_nothing_changed_nothing_written() -> None:
     old = _status(2, 50.0, T0)
     assert status_patch(old, old, T0 + 3600, refresh_seconds=60) == {}
     assert status_patch({}, old, T0, refresh_seconds=60) == old
+
+
+def test_the_status_this_process_wrote_wins_over_a_watch_that_lags() -> None:
+    overlay = StatusOverlay()
+    shown = {"currentReplicas": 8, "scaleEvents": []}
+    assert overlay.current(shown) == shown  # nothing written yet: the watch's
+    written = {"currentReplicas": 7, "scaleEvents": [{"fromReplicas": 8, "toReplicas": 7}]}
+    overlay.wrote(written)
+    assert overlay.current(shown) == written  # the watch has not shown the write yet
+    assert overlay.current(written) == written
+
+
+def test_a_status_that_failed_to_write_is_decided_on_and_sent_again() -> None:
+    overlay = StatusOverlay()
+    overlay.wrote({"currentReplicas": 8, "lastScaleTime": "t0"})
+    failed = {"currentReplicas": 7, "lastScaleTime": "t1"}
+    overlay.failed(overlay.outgoing(failed))
+    assert overlay.current({"currentReplicas": 8}) == {"currentReplicas": 7, "lastScaleTime": "t1"}
+    # the next cycle changes only the observation: the scale's fields still go out with it
+    assert overlay.outgoing({"observation": {"time": "t2"}}) == {
+        **failed,
+        "observation": {"time": "t2"},
+    }
+    overlay.wrote({"currentReplicas": 7, "lastScaleTime": "t1", "observation": {"time": "t2"}})
+    assert overlay.outgoing({"desiredReplicas": 6}) == {"desiredReplicas": 6}
+
+
+def test_a_field_the_patch_removes_is_gone_from_the_status_decided_on() -> None:
+    overlay = StatusOverlay()
+    overlay.failed({"recommendation": None})
+    assert overlay.current({"recommendation": {"gpu": "a100"}, "currentReplicas": 1}) == {
+        "currentReplicas": 1
+    }

@@ -4,7 +4,7 @@ patch that is sent only when something changed."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusizer.policy.replicas import History, ScaleEventRecord
@@ -153,3 +153,32 @@ def _observed_before(status: Mapping[str, Any], moment: float) -> bool:
     observation = status.get("observation")
     written = parse_time(observation.get("time")) if isinstance(observation, Mapping) else None
     return written is None or written <= moment
+
+
+@dataclass
+class StatusOverlay:
+    """The status this process last wrote, and what it still has to write, over the one its
+    watch shows.
+
+    The decision task writes the status itself, and the watch shows the write a moment later: a
+    cycle in between must not decide on the history from before the write (a second scale-down
+    step inside one window). While this process is in charge it is the status's only writer,
+    so what it wrote last is the newest status there is. A write that failed is carried into
+    the next one, so a scale whose status did not land still counts."""
+
+    written: Mapping[str, Any] | None = None
+    unwritten: dict[str, Any] = field(default_factory=dict)
+
+    def current(self, shown: Mapping[str, Any]) -> dict[str, Any]:
+        """The status to decide on, given the object's as the watch shows it."""
+        merged = {**(shown if self.written is None else self.written), **self.unwritten}
+        return {key: value for key, value in merged.items() if value is not None}
+
+    def outgoing(self, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.unwritten, **patch}
+
+    def wrote(self, status: Mapping[str, Any]) -> None:
+        self.written, self.unwritten = status, {}
+
+    def failed(self, patch: Mapping[str, Any]) -> None:
+        self.unwritten = dict(patch)

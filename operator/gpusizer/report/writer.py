@@ -1,0 +1,31 @@
+"""Writes a WorkloadSizing's status: the decision task runs outside kopf's handlers, so it
+patches the status subresource itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client as k8s
+
+from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
+
+
+class StatusWriter:
+    def __init__(self, client: k8s.ApiClient) -> None:
+        self._api = k8s.CustomObjectsApi(client)
+
+    async def write(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of the status; returns the status as the API server keeps it."""
+        written = await asyncio.to_thread(
+            self._api.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": dict(patch)},
+        )
+        status = written.get("status") if isinstance(written, Mapping) else None
+        return dict(status) if isinstance(status, Mapping) else {}
