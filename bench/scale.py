@@ -13,7 +13,7 @@ every WorkloadSizing has been decided, then measures:
 - Prometheus queries per cycle: delta of gpusizer_prometheus_query_duration_seconds_count over
   the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per cycle);
 - API requests per cycle: delta of gpusizer_kube_api_requests_total (every request of the
-  operator's client, plus the status patches and events kopf sends for it) per cycle.
+  operator's client, status patches included, plus the events kopf posts for it) per cycle.
 
 Usage: python bench/scale.py [--sizes 100,1000,5000] [--out FILE] [--cluster-dir DIR]
 Without --cluster-dir it starts its own cluster (bench/nodepools-scale.yaml, sized for the
