@@ -151,6 +151,30 @@ class CycleClock:
         return asyncio.get_running_loop().time() - self._published_at > self._period
 
 
+class SpecCache:
+    """Each workload's spec as validated at its generation: validating every spec every cycle
+    was a fifth of a decision's time at 1,000 workloads (bench/scale.py profile). The API
+    server bumps the generation at every change of the spec, so once per generation suffices."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[str, str], tuple[int, WorkloadSizingSpec]] = {}
+
+    def get(
+        self, namespace: str, name: str, generation: int | None, raw: Mapping[str, Any]
+    ) -> WorkloadSizingSpec:
+        """The validated spec; raises ValidationError, and then validates again next time."""
+        known = self._specs.get((namespace, name))
+        if known is not None and generation is not None and known[0] == generation:
+            return known[1]
+        spec = WorkloadSizingSpec.model_validate(raw)
+        if generation is not None:
+            self._specs[(namespace, name)] = (generation, spec)
+        return spec
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._specs.pop((namespace, name), None)
+
+
 @dataclass
 class Dependencies:
     prometheus: PrometheusSource
@@ -160,9 +184,11 @@ class Dependencies:
     status_refresh_seconds: float = STATUS_REFRESH_SECONDS
     # when this process last decided each workload: see History.decided_at
     decided: dict[tuple[str, str], float] = field(default_factory=dict)
+    specs: SpecCache = field(default_factory=lambda: SpecCache())
 
     def forget(self, namespace: str, name: str) -> None:
         self.decided.pop((namespace, name), None)
+        self.specs.forget(namespace, name)
 
 
 PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
@@ -253,7 +279,7 @@ async def reconcile(
         return Outcome(status_patch=patch, events=events)
 
     try:
-        spec = WorkloadSizingSpec.model_validate(spec_raw)
+        spec = deps.specs.get(namespace, name, generation, spec_raw)
     except ValidationError as exc:
         message = _spec_error(exc)
         return finish(

@@ -83,10 +83,11 @@ def merge_conditions(
     """lastTransitionTime moves only when a condition's status flips."""
     previous = {c.get("type"): c for c in old or [] if isinstance(c, Mapping)}
     merged = []
+    stamp = iso(now)
     for state in new:
         status = "Unknown" if state.status is None else ("True" if state.status else "False")
         before = previous.get(state.type.value)
-        transition = iso(now)
+        transition = stamp
         if before is not None and before.get("status") == status:
             transition = str(before.get("lastTransitionTime") or transition)
         entry: dict[str, Any] = {
