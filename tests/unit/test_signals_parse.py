@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import pytest
-from gpusizer.signals.parse import TIMESTAMP_LABEL, Sample, per_pod, scalar, with_timestamps
+from gpusizer.signals.parse import TIMESTAMP_LABEL, Sample, per_pod, pod_query, scalar
 from gpusizer.vocabulary import Reason
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,9 +37,11 @@ def dcgm(
     }
 
 
-def test_query_returns_value_and_timestamp_in_one() -> None:
-    q = with_timestamps("DCGM_FI_DEV_GPU_UTIL")
-    assert q.count("DCGM_FI_DEV_GPU_UTIL") == 2 and "timestamp(" in q and " or " in q
+def test_query_returns_each_pods_value_and_oldest_timestamp_in_one() -> None:
+    q = pod_query("DCGM_FI_DEV_FB_USED", "max")
+    assert q.count("DCGM_FI_DEV_FB_USED") == 2 and " or " in q
+    assert q.startswith("(max by (namespace, pod, exported_namespace, exported_pod) (")
+    assert "min by (namespace, pod, exported_namespace, exported_pod) (timestamp(" in q
 
 
 @pytest.mark.parametrize("hostname_label", ["Hostname", "hostname"])

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.policy.slices import Usage
 from gpusizer.signals.cache import PeriodicCache
-from gpusizer.signals.parse import PodSamples, Problem
+from gpusizer.signals.parse import POD_LABELS, PodSamples, Problem
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.source import PrometheusSource
 
-BY_POD = "namespace, pod, exported_namespace, exported_pod"
 PEAK_QUANTILE = 0.99
 
 SERVED_COUNTERS: dict[Server, str] = {
@@ -26,22 +25,23 @@ SERVED_COUNTERS: dict[Server, str] = {
 def history_queries(window_seconds: int) -> dict[str, tuple[str, float, str]]:
     """signal -> (PromQL, scale, how a pod's series combine)."""
     w = f"[{window_seconds}s]"
+    by = f"by ({POD_LABELS})"
     queries = {
         "peak_memory": (
-            f"max by ({BY_POD}) (quantile_over_time({PEAK_QUANTILE}, DCGM_FI_DEV_FB_USED{w}))",
+            f"max {by} (quantile_over_time({PEAK_QUANTILE}, DCGM_FI_DEV_FB_USED{w}))",
             1.0,
             "max",
         ),
-        "utilization": (f"avg by ({BY_POD}) (avg_over_time(DCGM_FI_DEV_GPU_UTIL{w}))", 1.0, "mean"),
+        "utilization": (f"avg {by} (avg_over_time(DCGM_FI_DEV_GPU_UTIL{w}))", 1.0, "mean"),
         "mig_utilization": (
-            f'avg by ({BY_POD}) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!=""}}{w}))',
+            f'avg {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!=""}}{w}))',
             100.0,
             "mean",
         ),
     }
     for server, counter in SERVED_COUNTERS.items():
         queries[f"served:{server.value}"] = (
-            f"sum by ({BY_POD}) (rate({counter}{w}))",
+            f"sum {by} (rate({counter}{w}))",
             1.0,
             "sum",
         )

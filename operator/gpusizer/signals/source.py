@@ -21,7 +21,7 @@ from urllib3.util.retry import Retry
 
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.report import metrics
-from gpusizer.signals.parse import PodSamples, Problem, per_pod, scalar, with_timestamps
+from gpusizer.signals.parse import PodSamples, Problem, per_pod, pod_query, scalar
 from gpusizer.vocabulary import Reason
 
 log = logging.getLogger(__name__)
@@ -167,9 +167,10 @@ class PrometheusSource:
     async def per_pod(
         self, promql: str, signal: str, scale: float, combine: str, timestamps: bool = True
     ) -> PodSamples:
-        """Samples per pod; with `timestamps`, each sample's own time rides along."""
+        """Samples per pod; with `timestamps`, Prometheus combines each pod's series and the
+        oldest sample's time rides along (without, `promql` must already be per pod)."""
         result, problem = await self.query(
-            with_timestamps(promql) if timestamps else promql, signal
+            pod_query(promql, combine) if timestamps else promql, signal
         )
         if problem is not None:
             raise SignalFailed(problem)
@@ -212,12 +213,7 @@ class PrometheusSource:
     async def custom_per_pod(self, promql: str) -> PodSamples | Problem:
         """A user's queueQuery, summed per pod."""
         try:
-            return await self.per_pod(
-                f"sum by (namespace, pod, exported_namespace, exported_pod) ({promql})",
-                "queue:custom",
-                1.0,
-                "sum",
-            )
+            return await self.per_pod(promql, "queue:custom", 1.0, "sum")
         except SignalFailed as failed:
             return failed.problem
 
