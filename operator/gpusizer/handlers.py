@@ -178,8 +178,13 @@ class Workload:
     status: StatusOverlay = field(default_factory=StatusOverlay)
 
     async def size(
-        self, cycle: Cycle, view: ClusterView, deps: Dependencies, writer: StatusWriter
+        self,
+        cycle: Cycle,
+        view: ClusterView,
+        deps: Dependencies,
+        writer: StatusWriter,
     ) -> None:
+        metrics.DECISION_LAG_SECONDS.observe(time.time() - cycle.snapshot.time)
         started = time.monotonic()
         try:
             outcome = await reconcile(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -133,3 +134,40 @@ async def test_a_fetch_that_raises_keeps_the_beat(caplog: pytest.LogCaptureFixtu
         assert "fetching the cycle's metrics failed" in caplog.text
     finally:
         running.cancel()
+
+
+def hold_the_loop(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_decisions_leave_the_loop_to_others_between_slices(
+    stop: asyncio.Future[None],
+) -> None:
+    # 100 workloads whose decisions never wait, 2 ms each: 200 ms of one loop pass unpaced
+    clock = CycleClock(Fetches(), period_seconds=3600, slice_seconds=0.02)
+    decided: asyncio.Queue[int] = asyncio.Queue()
+    passes_while_deciding = 0
+
+    async def listen(number: int) -> None:
+        async for _ in clock.cycles(until=stop):
+            hold_the_loop(0.002)  # a decision's CPU
+            decided.put_nowait(number)
+
+    async def other_work() -> None:  # a watch event, the event poster, the next snapshot
+        nonlocal passes_while_deciding
+        while decided.qsize() < 100:
+            passes_while_deciding += 1
+            await asyncio.sleep(0)
+
+    listeners = [asyncio.create_task(listen(n)) for n in range(100)]
+    for _ in range(5):
+        await asyncio.sleep(0)  # every listener is waiting for a cycle
+    clock.publish(cycle(1))
+    await asyncio.wait_for(other_work(), timeout=30)
+    # about one pass per 20 ms slice of the 200 ms; unpaced it would be one pass in all
+    assert passes_while_deciding >= 5
+    assert sorted([decided.get_nowait() for _ in range(100)]) == list(range(100))
+    stop.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)

@@ -171,6 +171,34 @@ def test_a_pod_ready_since_the_last_scrape_is_arriving_capacity_not_a_hole() -> 
     assert stale.unobserved == 0 and stale.problems[0].reason == Reason.PARTIAL_SAMPLES
 
 
+def read_at(when: float, values: dict[str, float], age: float = 5) -> PodSamples:
+    """Samples as Prometheus answered at `when`, each `age` seconds old then."""
+    return PodSamples(
+        samples={("llm", p): Sample(v, when - age) for p, v in values.items()}, read_at=when
+    )
+
+
+def test_a_samples_age_is_counted_from_when_it_was_read_not_from_the_decision() -> None:
+    # thousands of workloads share one snapshot, so a decision may come well after it: the
+    # samples were fresh when read, and the exporter is not to blame for the operator's lag
+    snap = snapshot(gpu=read_at(NOW - 100, {"a": 80}), queue=read_at(NOW - 100, {"a": 2}))
+    got = workload_signals(spec(maxSampleAgeSeconds=30), [pod("a")], snap, NOW)
+    assert got.problems == () and got.sample_age_seconds == 5
+    old = snapshot(gpu=read_at(NOW - 100, {"a": 80}, age=40), queue=read_at(NOW, {"a": 2}))
+    stale = workload_signals(spec(maxSampleAgeSeconds=30), [pod("a")], old, NOW)
+    assert [(p.signal, p.reason) for p in stale.problems] == [
+        ("gpuUtilization", Reason.STALE_SAMPLES)
+    ]
+    assert "newest sample is 40s old" in stale.problems[0].message
+
+
+def test_a_pod_ready_after_the_samples_were_read_is_not_a_hole() -> None:
+    later = dataclasses.replace(pod("new"), ready_since=NOW - 60)
+    snap = snapshot(gpu=read_at(NOW - 100, {"a": 80}), queue=read_at(NOW - 100, {"a": 2}))
+    got = workload_signals(spec(maxSampleAgeSeconds=30), [pod("a"), later], snap, NOW)
+    assert got.problems == () and got.unobserved == 1
+
+
 LABELLED = [
     PodInfo("llm", f"p{i}", labels, "node", True, False, "Running", "nvidia.com/gpu", "vllm", 0)
     for i, labels in enumerate(

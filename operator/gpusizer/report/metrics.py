@@ -50,6 +50,12 @@ RECONCILE_SECONDS = Histogram(
     "decisions, so workloads / decision rate is the time to decide every workload once.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+DECISION_LAG_SECONDS = Histogram(
+    "gpusizer_decision_lag_seconds",
+    "Time from a cycle's snapshot to a workload's decision on it: how far behind the operator "
+    "runs when it decides thousands of workloads.",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 KUBE_API_REQUESTS = Counter(
     "gpusizer_kube_api_requests_total",
     "Requests the operator sent to the Kubernetes API server (watches excluded), by verb.",

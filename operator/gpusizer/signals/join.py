@@ -43,17 +43,26 @@ def _not_yet_observed(
     max_age: float,
     now: float,
 ) -> set[PodKey]:
-    """Pods that turned ready less than maxSampleAgeSeconds ago and that a signal has no
-    sample for yet: the next scrape will show them, so they are capacity on its way, not a
-    hole in the data."""
+    """Pods that turned ready less than maxSampleAgeSeconds before a signal was read and that
+    it has no sample for: the next scrape will show them, so they are capacity on its way, not
+    a hole in the data."""
     fresh = set()
     for pod in pods:
-        if pod.ready_since is None or now - pod.ready_since >= max_age:
+        if pod.ready_since is None:
             continue
         key = (pod.namespace, pod.name)
-        if any(isinstance(s, PodSamples) and key not in s.samples for s in sources(pod)):
+        if any(
+            isinstance(s, PodSamples)
+            and key not in s.samples
+            and _read_at(s, now) - pod.ready_since < max_age
+            for s in sources(pod)
+        ):
             fresh.add(key)
     return fresh
+
+
+def _read_at(samples: PodSamples, now: float) -> float:
+    return now if samples.read_at is None else samples.read_at
 
 
 def _fleet_value(
@@ -62,9 +71,10 @@ def _fleet_value(
     source: dict[PodKey, PodSamples] | PodSamples | Problem | None,
     max_age: float,
     now: float,
-) -> tuple[list[Sample], SignalProblem | None]:
-    """Fresh samples for every pod, or the reason the fleet's value is unknown."""
-    found: list[Sample] = []
+) -> tuple[list[tuple[Sample, float]], SignalProblem | None]:
+    """A fresh sample, with its age when read, for every pod; or the reason the fleet's value
+    is unknown."""
+    found: list[tuple[Sample, float]] = []
     missing: list[str] = []
     for pod in pods:
         key = (pod.namespace, pod.name)
@@ -81,7 +91,7 @@ def _fleet_value(
         if sample is None:
             missing.append(pod.name)
             continue
-        age = now - sample.timestamp
+        age = _read_at(samples, now) - sample.timestamp
         if age > max_age:
             return [], SignalProblem(
                 name,
@@ -89,7 +99,7 @@ def _fleet_value(
                 f"pod {pod.name}: newest sample is {age:.0f}s old "
                 f"(maxSampleAgeSeconds {max_age:g})",
             )
-        found.append(sample)
+        found.append((sample, age))
     if missing:
         reason = Reason.PARTIAL_SAMPLES if found else Reason.NO_SAMPLES
         shown = ", ".join(missing[:5]) + ("..." if len(missing) > 5 else "")
@@ -143,8 +153,8 @@ def workload_signals(
             if problem:
                 problems.append(problem)
             else:
-                utilization = sum(s.value for s in found) / len(found)
-                ages.extend(now - s.timestamp for s in found)
+                utilization = sum(s.value for s, _ in found) / len(found)
+                ages.extend(age for _, age in found)
 
     queue_total: float | None = None
     has_queue_source = bool(spec.metrics.queue_query) or spec.metrics.server != Server.NONE
@@ -153,8 +163,8 @@ def workload_signals(
         if problem:
             problems.append(problem)
         else:
-            queue_total = sum(s.value for s in found)
-            ages.extend(now - s.timestamp for s in found)
+            queue_total = sum(s.value for s, _ in found)
+            ages.extend(age for _, age in found)
 
     memory_peak: float | None = None
     memory = batched(MEMORY)

@@ -38,6 +38,9 @@ class PodSamples:
 
     samples: dict[PodKey, Sample] = field(default_factory=dict)
     problems: dict[PodKey, Problem] = field(default_factory=dict)
+    # when Prometheus answered: a sample's age is measured from here, not from the decision,
+    # which may come later when thousands of workloads share one snapshot (None: decision time)
+    read_at: float | None = None
 
 
 POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
@@ -108,7 +111,7 @@ def per_pod(
     A pod's GPUs are combined (mean for utilisation, max for memory, sum for queues). If any of
     a pod's series is invalid, the pod is a problem, not a partial value.
     """
-    out = PodSamples()
+    out = PodSamples(read_at=now)
     if not isinstance(result, list):
         return out
     values: dict[frozenset[tuple[Any, Any]], tuple[PodKey, float | None]] = {}
