@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import kopf
-import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 
 from gpusizer.actuate.targets import Targets, TargetView, target_view
@@ -39,7 +37,7 @@ from gpusizer.reconcile import (
 )
 from gpusizer.report import metrics
 from gpusizer.report.status import StatusOverlay
-from gpusizer.report.writer import StatusWriter
+from gpusizer.report.writer import StatusNotWritten, StatusWriter
 from gpusizer.rightsizing import RightSizingSettings
 from gpusizer.signals.autoscalers import AutoscalerLister
 from gpusizer.signals.discovery import NodeInfo, OfferCache, node_info
@@ -222,7 +220,7 @@ class Workload:
         outgoing = self.status.outgoing(patch)
         try:
             written = await writer.write(self.namespace, self.name, outgoing)
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        except StatusNotWritten as exc:
             self.status.failed(outgoing)
             self.logger.warning(
                 "writing the status failed; it goes out with the next cycle's: %s", exc
