@@ -429,6 +429,12 @@ def main() -> int:
         default="30s",
         help="Prometheus scrape interval of the operator's /metrics (the chart's default: 30s)",
     )
+    p.add_argument(
+        "--prometheus-timeout",
+        type=float,
+        default=10.0,
+        help="the operator's --prometheus-timeout (its default; the e2e tests use 3)",
+    )
     p.add_argument("--sample", type=int, default=30, help="workloads whose load changes per size")
     p.add_argument("--window", type=float, default=40.0, help="steady window for CPU, cycles (s)")
     p.add_argument("--log-level", default="info", help="the operator's --log-level")
@@ -475,6 +481,7 @@ def main() -> int:
             sync_period=args.sync_period,
             scrape=True,
             scrape_interval=args.operator_scrape_interval,
+            extra_args=["--prometheus-timeout", str(args.prometheus_timeout)],
         )
         op.start()
         api = cluster.api_client()

@@ -34,6 +34,7 @@ from gpusizer.report.status import (
     history_from_status,
     history_to_status,
     merge_conditions,
+    refresh_seconds,
     status_patch,
 )
 from gpusizer.rightsizing import RightSizingOutcome, RightSizingSettings, right_size
@@ -66,6 +67,7 @@ class Cycle:
     snapshot: Snapshot
     autoscalers: Mapping[TargetKey, str]
     error: str | None = None
+    workloads: int = 0  # how many decide on it
 
 
 async def fetch_cycle(
@@ -133,7 +135,7 @@ class CycleClock:
             await asyncio.sleep(max(0.0, self._period - (loop.time() - started)))
 
     def publish(self, cycle: Cycle) -> None:
-        self._latest = cycle
+        self._latest = replace(cycle, workloads=self._listeners)
         self._published_at = asyncio.get_running_loop().time()
         self._number += 1
         arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
@@ -305,7 +307,8 @@ async def reconcile(
         merged = merge_conditions(old_conditions, conditions, now, generation)
         metrics.set_conditions(namespace, name, merged)
         status = {**status, "observedGeneration": generation, "conditions": merged}
-        patch = status_patch(status_raw, status, now, deps.status_refresh_seconds)
+        refresh = refresh_seconds(deps.status_refresh_seconds, cycle.workloads)
+        patch = status_patch(status_raw, status, now, refresh)
         return Outcome(status_patch=patch, events=events)
 
     try:

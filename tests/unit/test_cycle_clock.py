@@ -72,6 +72,13 @@ async def test_every_listener_gets_each_cycle_once(stop: asyncio.Future[None]) -
     assert decided.empty()
 
 
+async def test_a_cycle_says_how_many_workloads_decide_on_it(stop: asyncio.Future[None]) -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    with clock.listening(), clock.listening():
+        clock.publish(cycle(1))
+        assert (await anext(clock.cycles(until=stop))).workloads == 2
+
+
 async def test_a_busy_listener_skips_to_the_newest_cycle(stop: asyncio.Future[None]) -> None:
     clock = CycleClock(Fetches(), period_seconds=3600)
     clock.publish(cycle(1))

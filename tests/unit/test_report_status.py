@@ -12,6 +12,7 @@ from gpusizer.report.status import (
     history_from_status,
     history_to_status,
     merge_conditions,
+    refresh_seconds,
     status_patch,
 )
 from gpusizer.timefmt import iso
@@ -152,3 +153,9 @@ def test_a_field_the_patch_removes_is_gone_from_the_status_decided_on() -> None:
     assert overlay.current({"recommendation": {"gpu": "a100"}, "currentReplicas": 1}) == {
         "currentReplicas": 1
     }
+
+
+def test_readings_are_refreshed_at_most_ten_times_a_second_across_workloads() -> None:
+    assert refresh_seconds(60, 100) == 60  # 1.7 writes a second: the minimum holds
+    assert refresh_seconds(60, 600) == 60
+    assert refresh_seconds(60, 5000) == 500  # 10 a second rather than 83

@@ -399,7 +399,7 @@ class WorkloadSizingStatus(_Model):
         None,
         alias="lastActiveTime",
         description="Last time the workload was not idle: exact while it is idle, refreshed about "
-        "once a minute while it is active.",
+        "once a minute while it is active (less often past 600 workloads: see status writes).",
     )
     recommendation: Recommendation | None = Field(None, description="Right-sizing advice.")
     conditions: list[Condition] = Field(default_factory=list, description="Current state.")

@@ -118,6 +118,16 @@ def flipped(
 _VOLATILE = frozenset({"observation", "lastActiveTime"})
 
 
+STATUS_REFRESHES_PER_SECOND = 10.0
+
+
+def refresh_seconds(minimum: float, workloads: int) -> float:
+    """How old written readings may get before they are refreshed: `minimum`, or longer when
+    there are so many workloads that refreshing each that often would flood the API server
+    (once a minute is 83 status writes a second at 5,000 workloads)."""
+    return max(minimum, workloads / STATUS_REFRESHES_PER_SECOND)
+
+
 def status_patch(
     old: Mapping[str, Any] | None, new: Mapping[str, Any], now: float, refresh_seconds: float
 ) -> dict[str, Any]:
