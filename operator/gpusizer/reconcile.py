@@ -159,7 +159,8 @@ class CycleClock:
             latest = self._latest
             if latest is not None and self._number > seen and (seen or not self._stale()):
                 await self._turn()
-                seen = self._number
+                # the newest: another may have come while this workload waited for its turn
+                seen, latest = self._number, self._latest or latest
                 yield latest
                 continue
             await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
@@ -216,7 +217,7 @@ class Dependencies:
     status_refresh_seconds: float = STATUS_REFRESH_SECONDS
     # when this process last decided each workload: see History.decided_at
     decided: dict[tuple[str, str], float] = field(default_factory=dict)
-    specs: SpecCache = field(default_factory=lambda: SpecCache())
+    specs: SpecCache = field(default_factory=SpecCache)
 
     def forget(self, namespace: str, name: str) -> None:
         self.decided.pop((namespace, name), None)
