@@ -7,6 +7,7 @@ returns, so the flow is testable and the handlers stay thin.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -97,21 +98,14 @@ class CycleClock:
 
     A cycle wakes every workload at once and most decisions never wait, so one pass of the
     event loop would run all of them back to back (seconds at 5,000 workloads) while the
-    watches, the event poster and the next snapshot wait: a workload gets its cycle only
-    while the loop's current slice of `slice_seconds` lasts, and the rest wait for the next
-    pass."""
+    watches, the event poster and the next snapshot wait: workloads take turns, one decision
+    starting per pass, the others queued in order."""
 
-    def __init__(
-        self,
-        fetch: Callable[[], Awaitable[Cycle]],
-        period_seconds: float,
-        slice_seconds: float = 0.02,
-    ) -> None:
+    def __init__(self, fetch: Callable[[], Awaitable[Cycle]], period_seconds: float) -> None:
         self._fetch = fetch
         self._period = period_seconds
-        self._slice = slice_seconds
-        self._slice_started: float | None = None
-        self._next_slice_scheduled = False
+        self._turn_taken = False
+        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
         self._listeners = 0
         self._number = 0
         self._latest: Cycle | None = None
@@ -159,6 +153,8 @@ class CycleClock:
             latest = self._latest
             if latest is not None and self._number > seen and (seen or not self._stale()):
                 await self._turn()
+                if until.done():
+                    return
                 # the newest: another may have come while this workload waited for its turn
                 seen, latest = self._number, self._latest or latest
                 yield latest
@@ -166,19 +162,24 @@ class CycleClock:
             await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
 
     async def _turn(self) -> None:
-        """Returns within a slice of the loop's time; past it, waits for the next pass."""
+        """Returns when it is this workload's turn; the next one's comes at the next pass of
+        the loop, whether this decision is done by then or waits for a write."""
         loop = asyncio.get_running_loop()
-        if self._slice_started is None:
-            self._slice_started = loop.time()
-        while loop.time() - self._slice_started > self._slice:
-            if not self._next_slice_scheduled:
-                self._next_slice_scheduled = True
-                loop.call_soon(self._start_slice, loop)
-            await asyncio.sleep(0)  # to the back of the loop's queue, behind the new slice
+        if self._turn_taken:
+            waiting = loop.create_future()
+            self._turns.append(waiting)
+            await waiting  # the turn is handed over taken
+        else:
+            self._turn_taken = True
+        loop.call_soon(self._pass_turn)
 
-    def _start_slice(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._slice_started = loop.time()
-        self._next_slice_scheduled = False
+    def _pass_turn(self) -> None:
+        while self._turns:
+            waiting = self._turns.popleft()
+            if not waiting.done():  # done: its workload was cancelled while it waited
+                waiting.set_result(None)
+                return
+        self._turn_taken = False
 
     def _stale(self) -> bool:
         return asyncio.get_running_loop().time() - self._published_at > self._period

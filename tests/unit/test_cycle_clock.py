@@ -149,11 +149,11 @@ def hold_the_loop(seconds: float) -> None:
         pass
 
 
-async def test_decisions_leave_the_loop_to_others_between_slices(
+async def test_decisions_take_turns_with_the_rest_of_the_loop(
     stop: asyncio.Future[None],
 ) -> None:
     # 100 workloads whose decisions never wait, 2 ms each: 200 ms of one loop pass unpaced
-    clock = CycleClock(Fetches(), period_seconds=3600, slice_seconds=0.02)
+    clock = CycleClock(Fetches(), period_seconds=3600)
     decided: asyncio.Queue[int] = asyncio.Queue()
     passes_while_deciding = 0
 
@@ -173,8 +173,34 @@ async def test_decisions_leave_the_loop_to_others_between_slices(
         await asyncio.sleep(0)  # every listener is waiting for a cycle
     clock.publish(cycle(1))
     await asyncio.wait_for(other_work(), timeout=30)
-    # about one pass per 20 ms slice of the 200 ms; unpaced it would be one pass in all
-    assert passes_while_deciding >= 5
+    # a pass per decision; unpaced it would be one pass in all
+    assert passes_while_deciding >= 100
     assert sorted([decided.get_nowait() for _ in range(100)]) == list(range(100))
     stop.set_result(None)
     await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
+
+
+async def test_a_workload_stopped_or_cancelled_while_waiting_for_its_turn_does_not_decide() -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    decided: list[str] = []
+    stops = {name: asyncio.get_running_loop().create_future() for name in "abc"}
+
+    async def listen(name: str) -> None:
+        async for _ in clock.cycles(until=stops[name]):
+            decided.append(name)
+            stops[name].set_result(None)  # one decision each is enough here
+
+    tasks = {name: asyncio.create_task(listen(name)) for name in "abc"}
+    for _ in range(5):
+        await asyncio.sleep(0)  # all three wait for a cycle
+    await clock._turn()  # the test holds this pass's turn: a, b and c will queue behind it
+    clock.publish(cycle(1))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    stops["b"].set_result(None)  # stopped while it waits for its turn
+    tasks["c"].cancel()  # cancelled while it waits (kopf's last resort)
+    await asyncio.wait_for(asyncio.gather(tasks["a"], tasks["b"]), timeout=10)
+    assert decided == ["a"]
+    assert tasks["c"].cancelled()
+    # the turn is not left with b or c
+    await asyncio.wait_for(clock._turn(), timeout=10)
