@@ -101,9 +101,15 @@ class CycleClock:
     watches, the event poster and the next snapshot wait: workloads take turns, one decision
     starting per pass, the others queued in order."""
 
-    def __init__(self, fetch: Callable[[], Awaitable[Cycle]], period_seconds: float) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[], Awaitable[Cycle]],
+        period_seconds: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._fetch = fetch
         self._period = period_seconds
+        self._monotonic = monotonic  # for a cycle's age
         self._turn_taken = False
         self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
         self._listeners = 0
@@ -130,7 +136,7 @@ class CycleClock:
 
     def publish(self, cycle: Cycle) -> None:
         self._latest = replace(cycle, workloads=self._listeners)
-        self._published_at = asyncio.get_running_loop().time()
+        self._published_at = self._monotonic()
         self._number += 1
         arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
         arrived.set_result(None)
@@ -182,7 +188,7 @@ class CycleClock:
         self._turn_taken = False
 
     def _stale(self) -> bool:
-        return asyncio.get_running_loop().time() - self._published_at > self._period
+        return self._monotonic() - self._published_at > self._period
 
 
 class SpecCache:

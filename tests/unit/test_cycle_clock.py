@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -12,16 +13,36 @@ from gpusizer.signals.source import Snapshot
 
 
 class Fetches:
-    """A fetch that counts, each cycle's snapshot stamped with its number."""
+    """A fetch that counts, each cycle's snapshot stamped with its number, and records how
+    many workloads listened when it ran."""
 
     def __init__(self) -> None:
         self.count = 0
         self.done = asyncio.Event()
+        self.clock: CycleClock | None = None
+        self.listeners_seen: list[int] = []
 
     async def __call__(self) -> Cycle:
         self.count += 1
+        if self.clock is not None:
+            self.listeners_seen.append(self.clock._listeners)
         self.done.set()
         return Cycle(snapshot=Snapshot(time=float(self.count)), autoscalers={})
+
+
+@contextlib.asynccontextmanager
+async def running(clock: CycleClock) -> AsyncIterator[None]:
+    """The clock's own loop, entered once it (and every task created before it) has taken its
+    first step. Listener tasks created together all run, and wait for a cycle, in the loop
+    pass in which the first of them wakes the clock; it fetches in the next."""
+    task = asyncio.create_task(clock.run())
+    first_steps_taken = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(first_steps_taken.set_result, None)  # queued after them
+    await first_steps_taken
+    try:
+        yield
+    finally:
+        task.cancel()
 
 
 def cycle(number: int) -> Cycle:
@@ -38,18 +59,13 @@ async def stop() -> AsyncIterator[asyncio.Future[None]]:
 
 async def test_nothing_is_fetched_until_a_workload_listens_then_at_once() -> None:
     fetches = Fetches()
-    clock = CycleClock(fetches, period_seconds=3600)
-    running = asyncio.create_task(clock.run())
-    try:
-        for _ in range(20):  # the clock gets every chance to fetch, and must not
-            await asyncio.sleep(0)
-        assert fetches.count == 0
+    clock = fetches.clock = CycleClock(fetches, period_seconds=3600)
+    async with running(clock):
         with clock.listening():
             # the first listener does not wait out the hour-long period
             await asyncio.wait_for(fetches.done.wait(), timeout=10)
-        assert fetches.count == 1
-    finally:
-        running.cancel()
+    # the one fetch so far came once someone listened, not when the clock started
+    assert fetches.listeners_seen == [1]
 
 
 async def test_every_listener_gets_each_cycle_once(stop: asyncio.Future[None]) -> None:
@@ -92,16 +108,19 @@ async def test_a_busy_listener_skips_to_the_newest_cycle(stop: asyncio.Future[No
 async def test_a_newcomer_does_not_decide_on_a_cycle_older_than_a_period(
     stop: asyncio.Future[None],
 ) -> None:
-    clock = CycleClock(Fetches(), period_seconds=0.01)
-    clock.publish(cycle(1))
-    await asyncio.sleep(0.05)  # cycle 1 ages past a period (what a pause does)
-    cycles = clock.cycles(until=stop)
-    first = asyncio.create_task(anext(cycles))
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert not first.done()
-    clock.publish(cycle(2))
-    assert (await asyncio.wait_for(first, timeout=10)).snapshot.time == 2.0
+    now = [1000.0]
+    fetches = Fetches()
+    clock = CycleClock(fetches, period_seconds=5, monotonic=lambda: now[0])
+    clock.publish(cycle(0))
+    now[0] += 60  # cycle 0 is a minute old (what a pause does)
+
+    async def first_decision() -> Cycle:
+        with clock.listening():
+            return await anext(clock.cycles(until=stop))
+
+    async with running(clock):
+        got = await asyncio.wait_for(first_decision(), timeout=10)
+    assert got.snapshot.time == 1.0  # the clock's first fetch, not the old cycle
 
 
 async def test_a_newcomer_decides_at_once_on_a_fresh_cycle(stop: asyncio.Future[None]) -> None:
@@ -111,14 +130,19 @@ async def test_a_newcomer_decides_at_once_on_a_fresh_cycle(stop: asyncio.Future[
 
 
 async def test_listening_ends_when_told_to_stop(stop: asyncio.Future[None]) -> None:
-    clock = CycleClock(Fetches(), period_seconds=3600)
-    waiting = asyncio.create_task(anext(clock.cycles(until=stop)))
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert not waiting.done()
-    stop.set_result(None)
-    with pytest.raises(StopAsyncIteration):
-        await asyncio.wait_for(waiting, timeout=10)
+    async def stop_and_hang() -> Cycle:  # the listener is waiting for a cycle by now
+        stop.set_result(None)
+        return await asyncio.get_running_loop().create_future()
+
+    clock = CycleClock(stop_and_hang, period_seconds=3600)
+
+    async def listen() -> Cycle:
+        with clock.listening():
+            return await anext(clock.cycles(until=stop))
+
+    async with running(clock):
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(listen(), timeout=10)
 
 
 async def test_a_fetch_that_raises_keeps_the_beat(caplog: pytest.LogCaptureFixture) -> None:
@@ -154,28 +178,33 @@ async def test_decisions_take_turns_with_the_rest_of_the_loop(
 ) -> None:
     # 100 workloads whose decisions never wait, 2 ms each: 200 ms of one loop pass unpaced
     clock = CycleClock(Fetches(), period_seconds=3600)
-    decided: asyncio.Queue[int] = asyncio.Queue()
+    decided: list[int] = []
+    all_decided = asyncio.Event()
+    loop = asyncio.get_running_loop()
     passes_while_deciding = 0
 
-    async def listen(number: int) -> None:
-        async for _ in clock.cycles(until=stop):
-            hold_the_loop(0.002)  # a decision's CPU
-            decided.put_nowait(number)
-
-    async def other_work() -> None:  # a watch event, the event poster, the next snapshot
+    def other_work() -> None:  # a watch event, the event poster, the next snapshot: a pass each
         nonlocal passes_while_deciding
-        while decided.qsize() < 100:
+        if not all_decided.is_set():
             passes_while_deciding += 1
-            await asyncio.sleep(0)
+            loop.call_soon(other_work)
+
+    async def listen(number: int) -> None:
+        with clock.listening():
+            async for _ in clock.cycles(until=stop):
+                if not decided:
+                    other_work()
+                hold_the_loop(0.002)  # a decision's CPU
+                decided.append(number)
+                if len(decided) == 100:
+                    all_decided.set()
 
     listeners = [asyncio.create_task(listen(n)) for n in range(100)]
-    for _ in range(5):
-        await asyncio.sleep(0)  # every listener is waiting for a cycle
-    clock.publish(cycle(1))
-    await asyncio.wait_for(other_work(), timeout=30)
+    async with running(clock):
+        await asyncio.wait_for(all_decided.wait(), timeout=30)
     # a pass per decision; unpaced it would be one pass in all
-    assert passes_while_deciding >= 100
-    assert sorted([decided.get_nowait() for _ in range(100)]) == list(range(100))
+    assert passes_while_deciding >= 99
+    assert sorted(decided) == list(range(100))
     stop.set_result(None)
     await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
 
@@ -183,23 +212,25 @@ async def test_decisions_take_turns_with_the_rest_of_the_loop(
 async def test_a_workload_stopped_or_cancelled_while_waiting_for_its_turn_does_not_decide() -> None:
     clock = CycleClock(Fetches(), period_seconds=3600)
     decided: list[str] = []
-    stops = {name: asyncio.get_running_loop().create_future() for name in "abc"}
+    loop = asyncio.get_running_loop()
+    stops = {name: loop.create_future() for name in "abc"}
+
+    def stop_b_and_cancel_c() -> None:
+        stops["b"].set_result(None)
+        tasks["c"].cancel()  # kopf's last resort
 
     async def listen(name: str) -> None:
-        async for _ in clock.cycles(until=stops[name]):
-            decided.append(name)
-            stops[name].set_result(None)  # one decision each is enough here
+        with clock.listening():
+            async for _ in clock.cycles(until=stops[name]):
+                decided.append(name)
+                stops[name].set_result(None)  # one decision each is enough here
+                # b and c queue behind a in this pass; the turn is handed to b at the start
+                # of the next, and b resumes in the one after: stop it and c in between
+                loop.call_soon(stop_b_and_cancel_c)
 
     tasks = {name: asyncio.create_task(listen(name)) for name in "abc"}
-    for _ in range(5):
-        await asyncio.sleep(0)  # all three wait for a cycle
-    await clock._turn()  # the test holds this pass's turn: a, b and c will queue behind it
-    clock.publish(cycle(1))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    stops["b"].set_result(None)  # stopped while it waits for its turn
-    tasks["c"].cancel()  # cancelled while it waits (kopf's last resort)
-    await asyncio.wait_for(asyncio.gather(tasks["a"], tasks["b"]), timeout=10)
+    async with running(clock):
+        await asyncio.wait_for(asyncio.gather(tasks["a"], tasks["b"]), timeout=10)
     assert decided == ["a"]
     assert tasks["c"].cancelled()
     # the turn is not left with b or c
