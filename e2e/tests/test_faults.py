@@ -357,7 +357,7 @@ def test_deleted_sizing_leaves_no_finalizer_and_workload_runs(
         got = workloads.cluster.kubectl("get", "workloadsizing", name, "-n", ns, check=False)
         return got.returncode == 0
 
-    # Deleted while the operator runs: kopf's finalizer is removed at once, its timer stops,
+    # Deleted while the operator runs: kopf's finalizer is removed at once, its daemon stops,
     # and the workload keeps its size.
     gone_replicas, gone_generation = workloads.replicas("gone"), generation(workloads, "gone")
     workloads.cluster.kubectl("delete", "workloadsizing", "gone", "-n", ns, "--timeout=30s")
