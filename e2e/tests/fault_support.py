@@ -108,9 +108,15 @@ class PrometheusProxy:
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close with RST, as a crashed server's kernel does for its open connections."""
+    """Close with RST, as a crashed server's kernel does for its open connections.
+
+    The shutdown wakes the pump thread blocked in recv() on it: on Linux a close() from
+    another thread does not, and the socket stays open, silent, until that recv() returns.
+    A watch through it then hangs until kopf's inactivity timeout instead of being reset."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()
 
@@ -157,7 +163,13 @@ class ApiServerProxy:
                 continue
             server.settimeout(None)
             with self._lock:
-                self._open.update((client, server))
+                cut = self._down  # it went down while this one was connecting upstream
+                if not cut:
+                    self._open.update((client, server))
+            if cut:
+                _reset(client)
+                _reset(server)
+                continue
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
