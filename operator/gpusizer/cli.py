@@ -10,6 +10,9 @@ import sys
 from collections.abc import Sequence
 
 ENV_PREFIX = "GPUSIZER_"
+# `recommend` lists every pod of the cluster in one request: a large cluster's list can take
+# longer than the operator's per-request limit to start arriving
+FLEET_LIST_TIMEOUT_SECONDS = 120.0
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -267,7 +270,7 @@ def _recommend(args: argparse.Namespace) -> int:
         return 2
     rows = asyncio.run(
         fleet_report(
-            api_client(),
+            api_client(timeout_seconds=FLEET_LIST_TIMEOUT_SECONDS),
             PrometheusSource(PrometheusSettings(url=args.prometheus_url.rstrip("/"))),
             load_catalog(Path(args.catalog_file) if args.catalog_file else None),
             args.history_seconds,

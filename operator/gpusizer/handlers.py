@@ -53,6 +53,11 @@ V = TypeVar("V")
 
 WORKER_THREADS = 32
 DECISION_GRACE_SECONDS = 30.0  # a decision under way when kopf stops its daemon
+# Every request of the operator's client gives up after this long unless it sets its own limit.
+# The client waits forever by default: a request cut off mid-way by a restarted or partitioned
+# API server held its decision past DECISION_GRACE_SECONDS, and its worker thread kept the
+# process from exiting on SIGTERM (e2e/tests/test_faults.py).
+API_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class OperatorSettings:
     min_reshape_interval_seconds: float = 3600.0
 
 
-def api_client() -> k8s.ApiClient:
+def api_client(timeout_seconds: float = API_TIMEOUT_SECONDS) -> k8s.ApiClient:
     """Kubernetes access the usual way: in-cluster, else KUBECONFIG."""
     try:
         k8s_config.load_incluster_config()
@@ -78,20 +83,24 @@ def api_client() -> k8s.ApiClient:
     # one connection per worker thread; urllib3 otherwise opens (TLS) and drops extra ones
     configuration.connection_pool_maxsize = WORKER_THREADS
     client = k8s.ApiClient(configuration)
-    _count_requests(client)
+    instrument(client, timeout_seconds)
     return client
 
 
-def _count_requests(client: k8s.ApiClient) -> None:
-    """Every request of this client counts in gpusizer_kube_api_requests_total."""
+def instrument(client: k8s.ApiClient, timeout_seconds: float) -> None:
+    """Every request of this client counts in gpusizer_kube_api_requests_total and gives up
+    after `timeout_seconds` unless it sets its own limit."""
     rest = client.rest_client
     send = rest.request
 
-    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+    def instrumented(
+        method: str, url: str, *args: Any, _request_timeout: Any = None, **kwargs: Any
+    ) -> Any:
         metrics.KUBE_API_REQUESTS.labels(verb=method.upper()).inc()
-        return send(method, url, *args, **kwargs)
+        timeout = timeout_seconds if _request_timeout is None else _request_timeout
+        return send(method, url, *args, _request_timeout=timeout, **kwargs)
 
-    rest.request = counted
+    rest.request = instrumented
 
 
 def peering_priority(started: float, tiebreak: int | None = None) -> int:

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import kopf
-from gpusizer.handlers import DECISION_GRACE_SECONDS, OnePerKey, OperatorSettings, register
+import urllib3
+from gpusizer.handlers import (
+    DECISION_GRACE_SECONDS,
+    OnePerKey,
+    OperatorSettings,
+    instrument,
+    register,
+)
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.source import PrometheusSettings
 from kopf._core.intents.handlers import DaemonHandler, TimerHandler
+from kubernetes import client as k8s
 
 
 def test_one_value_per_key_reads_an_index_without_copying_it() -> None:
@@ -47,3 +58,27 @@ def test_workloads_are_driven_by_the_cycle_clock_not_by_timers() -> None:
     # (deleted, paused behind a peer) is given time to finish rather than being cancelled
     assert daemons[0].backoff == 7
     assert daemons[0].cancellation_backoff == DECISION_GRACE_SECONDS > 0
+
+
+def test_a_request_to_a_silent_api_server_gives_up() -> None:
+    """The client waits forever by default: a request the API server never answers (cut off
+    by a restart or a partition) must end, with an error the caller reports."""
+    silent = socket.create_server(("127.0.0.1", 0))  # connects, never answers
+    configuration = k8s.Configuration(host=f"http://127.0.0.1:{silent.getsockname()[1]}")
+    configuration.retries = False  # one attempt: the operator's client retries reads thrice
+    client = k8s.ApiClient(configuration)
+    instrument(client, timeout_seconds=0.2)
+    outcome: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            k8s.CoreV1Api(client).list_namespace()
+        except BaseException as exc:  # whatever ends it is the outcome
+            outcome.append(exc)
+
+    caller = threading.Thread(target=request, daemon=True)
+    caller.start()
+    caller.join(timeout=30)
+    silent.close()  # resets the connection: a caller still waiting ends now
+    assert not caller.is_alive() and outcome, "the request still waited after 30 s"
+    assert isinstance(outcome[0], urllib3.exceptions.ReadTimeoutError), outcome

@@ -13,10 +13,6 @@ from kubernetes.client.exceptions import ApiException
 
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 
-# the client waits forever by default: a write to an API server that went away mid-request
-# would hold its decision, and the daemon kopf is trying to stop, until TCP gives up
-WRITE_TIMEOUT_SECONDS = 10.0
-
 
 class StatusNotWritten(Exception):
     """The API server refused the status patch or could not be reached; the message is one
@@ -38,7 +34,6 @@ class StatusWriter:
                 PLURAL,
                 name,
                 {"status": dict(patch)},
-                _request_timeout=WRITE_TIMEOUT_SECONDS,
             )
         except ApiException as exc:
             raise StatusNotWritten(f"HTTP {exc.status} {exc.reason}") from exc
