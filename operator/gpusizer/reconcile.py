@@ -225,10 +225,30 @@ class Dependencies:
     # when this process last decided each workload: see History.decided_at
     decided: dict[tuple[str, str], float] = field(default_factory=dict)
     specs: SpecCache = field(default_factory=SpecCache)
+    # the resourceVersion of each workload's target as the watch showed it when a scale write
+    # found the API server's copy newer: see ClusterView.target
+    watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str) -> None:
         self.decided.pop((namespace, name), None)
         self.specs.forget(namespace, name)
+        self.watch_behind.pop((namespace, name), None)
+
+    def watched_target(
+        self, namespace: str, name: str, ref: TargetRef, view: ClusterView
+    ) -> TargetView | None:
+        """The watch's copy of the target, unless a write found it out of date and the watch
+        has shown nothing newer since. After an API server restart the watch can lag for a
+        minute (kopf backs off its reconnects): deciding on its copy meanwhile meant a
+        conflicting write every cycle and no scaling at all."""
+        cached = view.target(namespace, ref)
+        behind = self.watch_behind.get((namespace, name))
+        if cached is None or behind is None:
+            return cached
+        if cached.resource_version == behind:
+            return None
+        del self.watch_behind[(namespace, name)]
+        return cached
 
 
 PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
@@ -340,9 +360,8 @@ async def reconcile(
         )
 
     try:
-        target = view.target(namespace, spec.target_ref) or await deps.targets.read(
-            namespace, spec.target_ref
-        )
+        watched = deps.watched_target(namespace, name, spec.target_ref, view)
+        target = watched or await deps.targets.read(namespace, spec.target_ref)
     except TargetNotFound as exc:
         return finish(
             {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_FOUND, str(exc))]
@@ -436,6 +455,8 @@ async def reconcile(
         try:
             await deps.targets.write(namespace, spec.target_ref, target.replicas, decision.desired)
         except ScaleConflict as exc:
+            if watched is not None:
+                deps.watch_behind[(namespace, name)] = watched.resource_version
             metrics.SCALE_WRITES.labels(namespace, name, "conflict").inc()
             log.info("%s/%s: %s", namespace, name, exc)
             ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, str(exc))

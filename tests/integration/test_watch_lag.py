@@ -1,0 +1,82 @@
+"""A watch that lags behind the API server (as after an API server restart): the conflicting
+write that shows it sends the next decisions to the API server until the watch catches up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpusizer.actuate.targets import ScaleConflict, TargetView
+from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.reconcile import ClusterView, Dependencies, fetch_cycle, reconcile
+from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+
+from tests.integration.conftest import Exporter
+
+DEMAND = 'gateway_pending_requests{namespace="llm",service="chat"} 3\n'
+SPEC = {
+    "targetRef": {"name": "chat"},
+    "replicas": {"min": 0, "max": 4, "targetGPUUtilization": 70},
+    "scaleToZero": {"enabled": True, "wakeQuery": "sum(gateway_pending_requests)"},
+    "metrics": {"server": "none"},
+    "rightSizing": {"mode": "Off"},
+}
+
+
+class LiveTarget:
+    """The API server's copy of the target: already woken to one replica by an earlier write."""
+
+    def __init__(self) -> None:
+        self.live = TargetView(replicas=1, selector="app=chat", resource_version="6")
+        self.reads = 0
+        self.writes: list[int] = []
+
+    async def read(self, namespace: str, ref: TargetRef) -> TargetView:
+        self.reads += 1
+        return self.live
+
+    async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
+        if expected != self.live.replicas:
+            raise ScaleConflict(f"changed to {self.live.replicas} replicas since it was read")
+        self.writes.append(replicas)
+
+
+def watch_showing(target: TargetView) -> ClusterView:
+    return ClusterView({}, {}, targets={"Deployment": {("llm", "chat"): target}})
+
+
+async def test_a_write_that_finds_the_watch_behind_reads_the_api_server_until_it_catches_up(
+    prometheus: str, exporter: Exporter
+) -> None:
+    exporter.set(DEMAND)
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    target = LiveTarget()
+    deps = Dependencies(
+        prometheus=source,
+        targets=target,  # type: ignore[arg-type]
+        rightsizing=None,  # type: ignore[arg-type]  # rightSizing.mode is Off
+    )
+
+    async def decide(view: ClusterView, status: Any) -> Any:
+        cycle = await fetch_cycle(source, _no_autoscalers)
+        return await reconcile("llm", "chat", SPEC, status, {}, 1, view, cycle, deps)
+
+    behind = watch_showing(TargetView(replicas=0, selector="app=chat", resource_version="5"))
+    # the watch still shows zero replicas: demand wakes it, and the write meets the live one
+    first = await decide(behind, None)
+    assert (target.reads, target.writes) == (0, [])
+    ready = next(c for c in first.status_patch["conditions"] if c["type"] == "Ready")
+    assert "changed to 1 replicas" in ready["message"]
+
+    # the watch has shown nothing newer: the decision reads the live target instead
+    second = await decide(behind, first.status_patch)
+    assert target.reads == 1
+    assert second.status_patch["currentReplicas"] == 1
+    assert target.writes == [], "one replica serves the demand; nothing to write"
+
+    # once the watch shows a newer version, it is trusted again
+    await decide(watch_showing(target.live), second.status_patch)
+    assert target.reads == 1
+
+
+async def _no_autoscalers() -> dict[Any, str]:
+    return {}
