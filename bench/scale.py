@@ -82,9 +82,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def peak_rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str) -> float:
+    """VmHWM (the peak since the process started) or VmRSS (now), from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -360,7 +361,8 @@ def measure(
         "p95_s": round(percentile(delays, 0.95), 2),
         "cycle_s": round(size * (t1 - t0) / decisions, 2) if decisions else math.nan,
         "cpu_cores": round((c1 - c0) / (t1 - t0), 3),
-        "rss_mib": round(peak_rss_mib(pid), 1),
+        "rss_mib": round(rss_mib(pid, "VmHWM"), 1),
+        "rss_steady_mib": round(rss_mib(pid, "VmRSS"), 1),
         "queries_per_cycle": round(
             delta("gpusizer_prometheus_query_duration_seconds_count") / cycles, 2
         )
@@ -402,6 +404,7 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
         ("cycle_s", "{:.1f}"),
         ("cpu_cores", "{:.2f}"),
         ("rss_mib", "{:.0f}"),
+        ("rss_steady_mib", "{:.0f}"),
         ("queries_per_cycle", "{:.1f}"),
         ("api_requests_per_cycle", "{:.0f}"),
         ("snapshot_s", "{:.2f}"),
