@@ -53,10 +53,10 @@ V = TypeVar("V")
 
 WORKER_THREADS = 32
 DECISION_GRACE_SECONDS = 30.0  # a decision under way when kopf stops its daemon
-# Every request of the operator's client gives up after this long unless it sets its own limit.
-# The client waits forever by default: a request cut off mid-way by a restarted or partitioned
-# API server held its decision past DECISION_GRACE_SECONDS, and its worker thread kept the
-# process from exiting on SIGTERM (e2e/tests/test_faults.py).
+# The kubernetes client waits forever by default. A request cut off mid-way by a restarted or
+# partitioned API server then held its decision, and its worker thread kept the process from
+# exiting on SIGTERM (e2e/tests/test_faults.py). Each attempt now gives up after this long
+# (urllib3 tries reads and PUTs up to four times) unless the request sets its own limit.
 API_TIMEOUT_SECONDS = 10.0
 
 

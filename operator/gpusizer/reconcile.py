@@ -226,7 +226,7 @@ class Dependencies:
     decided: dict[tuple[str, str], float] = field(default_factory=dict)
     specs: SpecCache = field(default_factory=SpecCache)
     # the resourceVersion of each workload's target as the watch showed it when a scale write
-    # found the API server's copy newer: see ClusterView.target
+    # found the API server's copy newer: see watched_target
     watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str) -> None:
@@ -238,8 +238,8 @@ class Dependencies:
         self, namespace: str, name: str, ref: TargetRef, view: ClusterView
     ) -> TargetView | None:
         """The watch's copy of the target, unless a write found it out of date and the watch
-        has shown nothing newer since. After an API server restart the watch can lag for a
-        minute (kopf backs off its reconnects): deciding on its copy meanwhile meant a
+        has shown nothing newer since. A watch whose connection a partition left silent shows
+        an old copy until kopf's 70 s inactivity timeout: deciding on that copy meant a
         conflicting write every cycle and no scaling at all."""
         cached = view.target(namespace, ref)
         behind = self.watch_behind.get((namespace, name))
