@@ -128,6 +128,10 @@ class ApiServerProxy:
     connection (watches, in-flight requests) is reset, and every new one is reset at once until
     ``up()``. Attempts made while down are counted, so a test can hold the outage until the
     operator has noticed it rather than for a fixed time.
+
+    ``silence()`` is a partition that forgets the open connections without telling either end
+    (a load balancer or NAT dropping its flows): whatever is sent on them is dropped, while new
+    connections pass.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -140,6 +144,7 @@ class ApiServerProxy:
         self.refused = 0
         self.accepted = 0
         self._open: set[socket.socket] = set()
+        self._silenced: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
@@ -176,13 +181,16 @@ class ApiServerProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while chunk := source.recv(65536):
-                sink.sendall(chunk)
+                if source not in self._silenced:
+                    sink.sendall(chunk)
         except OSError:
             pass
         finally:
             with self._lock:
                 self._open.discard(source)
                 self._open.discard(sink)
+                self._silenced.discard(source)
+                self._silenced.discard(sink)
             _reset(source)
             _reset(sink)
 
@@ -194,6 +202,12 @@ class ApiServerProxy:
             self._open.clear()
         for sock in victims:
             _reset(sock)
+
+    def silence(self) -> int:
+        """Drop everything sent on the connections open now; returns how many there are."""
+        with self._lock:
+            self._silenced.update(self._open)
+            return len(self._open) // 2
 
     def up(self) -> None:
         with self._lock:

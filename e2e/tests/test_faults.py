@@ -219,6 +219,36 @@ def test_api_server_restart_mid_cycle_loses_nothing(faults: Faults, workloads: W
     assert generation(workloads, "steady") == steady_generation
 
 
+def test_api_server_connections_going_silent_cost_one_conflict(
+    faults: Faults, workloads: Workloads
+) -> None:
+    """A partition drops the open connections without a reset. The operator's requests on
+    them give up instead of waiting forever. The Deployment watch stays silent until kopf's
+    inactivity timeout (70 s), and its old copy costs at most one conflicting write: the
+    workload then reads its target from the API server."""
+    name = "partitioned"
+    workloads.deployment(name, replicas=1)
+    wait_until(lambda: workloads.ready(name) == 1, 90, what=f"{name} ready")
+    workloads.load(name, 3)
+    assert workloads.sizing(name, sizing_spec(name, replicas={"max": 8})).returncode == 0
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
+    assert workloads.replicas(name) == 1
+    decided = faults.op.decisions()
+    try:
+        assert faults.api.silence() > 0, "no open connection to silence"
+        workloads.load(name, 30)  # needs 5
+        grown = workloads.wait_replicas(name, lambda n: n >= 4, 240, "the scale-up")
+        assert grown <= 8
+        wait_until(lambda: faults.op.decisions() > decided + 10, 60, what="decisions went on")
+        conflicts = faults.op.metric("gpusizer_scale_writes_total", name=name, result="conflict")
+        assert conflicts <= 1, f"{conflicts:.0f} conflicting writes on the watch's old copy"
+        assert faults.op.metric("gpusizer_scale_writes_total", name=name, result="error") == 0
+    finally:
+        faults.api.down()  # the partition ends: what is left of the old connections is reset
+        faults.api.up()
+    assert faults.op.running(), faults.op.log_tail()
+
+
 def test_write_conflicts_are_retried_on_a_later_cycle(faults: Faults, workloads: Workloads) -> None:
     name = "contended"
     workloads.deployment(name, replicas=1)
