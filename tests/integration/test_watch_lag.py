@@ -1,5 +1,6 @@
-"""A watch that lags behind the API server (as after an API server restart): the conflicting
-write that shows it sends the next decisions to the API server until the watch catches up."""
+"""A watch that lags behind the API server (its connection left silent by a partition): the
+conflicting write that shows it sends the next decisions to the API server until the watch
+catches up."""
 
 from __future__ import annotations
 
