@@ -250,6 +250,10 @@ class Dependencies:
         del self.watch_behind[(namespace, name)]
         return cached
 
+    def found_behind(self, namespace: str, name: str, watched: TargetView) -> None:
+        """A write found the API server's copy of the target newer than the watch's."""
+        self.watch_behind[(namespace, name)] = watched.resource_version
+
 
 PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
 
@@ -456,7 +460,7 @@ async def reconcile(
             await deps.targets.write(namespace, spec.target_ref, target.replicas, decision.desired)
         except ScaleConflict as exc:
             if watched is not None:
-                deps.watch_behind[(namespace, name)] = watched.resource_version
+                deps.found_behind(namespace, name, watched)
             metrics.SCALE_WRITES.labels(namespace, name, "conflict").inc()
             log.info("%s/%s: %s", namespace, name, exc)
             ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, str(exc))

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 def writer_failing_with(error: Exception) -> StatusWriter:
     writer = StatusWriter(k8s.ApiClient(k8s.Configuration()))
 
-    def patch(*args: Any, **options: Any) -> Any:
+    def patch(*args: Any) -> Any:
         raise error
 
     writer._api.patch_namespaced_custom_object_status = patch  # type: ignore[method-assign]
@@ -45,7 +45,7 @@ async def test_the_status_as_the_api_server_keeps_it_is_returned() -> None:
     writer = StatusWriter(k8s.ApiClient(k8s.Configuration()))
     sent: list[Any] = []
 
-    def patch(*args: Any, **options: Any) -> Any:
+    def patch(*args: Any) -> Any:
         sent.append(args)
         return {"metadata": {"name": "chat"}, "status": {"currentReplicas": 2, "kept": True}}
 
