@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from gpusizer.sim import POLICIES
 from gpusizer.sim.fleet import FleetParams
 from gpusizer.sim.output import table
 from gpusizer.sim.replay import (
-    POLICIES,
     Result,
     capacity_for_peak,
     default_tick,

@@ -7,18 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from gpusizer.sim.fleet import FleetParams
-from gpusizer.sim.output import as_json, plot, table
-from gpusizer.sim.replay import (
-    POLICIES,
-    capacity_for_peak,
-    default_tick,
-    load_spec,
-    replay,
-)
-from gpusizer.sim.trace import load_trace
+from gpusizer.sim import POLICIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: `gpusizer run` builds this parser too, and numpy and matplotlib
+    # were 26 MiB of every operator's memory
+    from pydantic import ValidationError
+
+    from gpusizer.sim.fleet import FleetParams
+    from gpusizer.sim.output import as_json, plot, table
+    from gpusizer.sim.replay import capacity_for_peak, default_tick, load_spec, replay
+    from gpusizer.sim.trace import load_trace
+
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:

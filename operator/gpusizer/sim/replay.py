@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from gpusizer.api.v1alpha1 import WorkloadSizing, WorkloadSizingSpec
+from gpusizer.sim import POLICIES
 from gpusizer.sim.controllers import (
     GpusizerController,
     HpaController,
@@ -23,8 +24,6 @@ from gpusizer.sim.controllers import (
 from gpusizer.sim.fleet import Controller, FleetParams, Run, simulate, tick_arrivals
 from gpusizer.sim.optimal import optimal_schedule
 from gpusizer.sim.trace import Trace
-
-POLICIES = ("gpusizer", "hpa", "keda", "static", "optimal")
 
 # The simulator's default WorkloadSizing: the API defaults plus the targets a user must choose.
 # 85 % leaves 15 % headroom, enough for the smooth traces' growth over a 2 min start-up (see
