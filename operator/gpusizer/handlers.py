@@ -42,6 +42,7 @@ from gpusizer.rightsizing import RightSizingSettings
 from gpusizer.signals.autoscalers import AutoscalerLister
 from gpusizer.signals.discovery import NodeInfo, OfferCache, node_info
 from gpusizer.signals.history import HistoryCache
+from gpusizer.signals.parse import PodKey
 from gpusizer.signals.pods import PodInfo, pod_info, requests_gpu
 from gpusizer.signals.promql import Tenancy
 from gpusizer.signals.source import PrometheusSettings, PrometheusSource
@@ -183,6 +184,13 @@ class Workload:
     body: kopf.Body
     logger: kopf.Logger
     status: StatusOverlay = field(default_factory=StatusOverlay)
+    pods: tuple[PodKey, ...] = ()  # the ones its last decision read
+
+    def urgent(self, cycle: Cycle) -> bool:
+        """Decided ahead of the others in `cycle`: one of its pods' readings moved, or it has
+        none the shared snapshot shows (not decided yet, or scaled to zero and waiting on its
+        own wake query)."""
+        return not self.pods or not cycle.moved.isdisjoint(self.pods)
 
     async def size(
         self,
@@ -211,6 +219,7 @@ class Workload:
             return
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self.pods = outcome.pods
         for event in outcome.events:
             kopf.event(self.body, type=event.type, reason=event.reason.value, message=event.message)
             # the same line in the operator's log, under the object's name, for whoever reads
@@ -383,7 +392,7 @@ def register(settings: OperatorSettings) -> None:
         stop = asyncio.ensure_future(stopped.wait())
         try:
             with clock.listening():
-                async for cycle in clock.cycles(until=stop):
+                async for cycle in clock.cycles(until=stop, urgent=workload.urgent):
                     await workload.size(cycle, view, memo.deps, memo.status_writer)
         finally:
             stop.cancel()

@@ -41,7 +41,8 @@ from gpusizer.report.status import (
 from gpusizer.rightsizing import RightSizingOutcome, RightSizingSettings, right_size
 from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.discovery import NodeInfo
-from gpusizer.signals.join import WorkloadSignals, workload_signals
+from gpusizer.signals.join import WorkloadSignals, moved_pods, workload_signals
+from gpusizer.signals.parse import PodKey
 from gpusizer.signals.pods import PodInfo, equality_term, matches_selector
 from gpusizer.signals.promql import InvalidQuery, Tenancy, UserQueries, user_queries
 from gpusizer.signals.source import PrometheusSource, Snapshot
@@ -59,6 +60,7 @@ STATUS_REFRESH_SECONDS = 60.0
 class Outcome:
     status_patch: dict[str, Any]
     events: list[EventIntent] = field(default_factory=list)
+    pods: tuple[PodKey, ...] = ()  # the pods the decision read: see Cycle.moved
 
 
 @dataclass
@@ -69,6 +71,8 @@ class Cycle:
     autoscalers: Mapping[TargetKey, str]
     error: str | None = None
     workloads: int = 0  # how many decide on it
+    # pods whose readings moved since the previous cycle: their workloads are decided first
+    moved: frozenset[PodKey] = frozenset()
 
 
 async def fetch_cycle(
@@ -99,7 +103,9 @@ class CycleClock:
     A cycle wakes every workload at once and most decisions never wait, so one pass of the
     event loop would run all of them back to back (seconds at 5,000 workloads) while the
     watches, the event poster and the next snapshot wait: workloads take turns, one decision
-    starting per pass, the others queued in order."""
+    starting per pass, the others queued in order. Urgent ones (a workload whose readings
+    moved) queue ahead of the rest: at 5,000 workloads a load change otherwise waited up to a
+    whole round of unchanged decisions for its write (bench/scale.py)."""
 
     def __init__(
         self,
@@ -112,6 +118,7 @@ class CycleClock:
         self._monotonic = monotonic  # for a cycle's age
         self._turn_taken = False
         self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._urgent_turns: collections.deque[asyncio.Future[None]] = collections.deque()
         self._listeners = 0
         self._number = 0
         self._latest: Cycle | None = None
@@ -135,7 +142,10 @@ class CycleClock:
             await asyncio.sleep(max(0.0, self._period - (loop.time() - started)))
 
     def publish(self, cycle: Cycle) -> None:
-        self._latest = replace(cycle, workloads=self._listeners)
+        before = self._latest.snapshot if self._latest is not None else None
+        self._latest = replace(
+            cycle, workloads=self._listeners, moved=moved_pods(before, cycle.snapshot)
+        )
         self._published_at = self._monotonic()
         self._number += 1
         arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
@@ -150,15 +160,18 @@ class CycleClock:
         finally:
             self._listeners -= 1
 
-    async def cycles(self, until: asyncio.Future[Any]) -> AsyncIterator[Cycle]:
-        """Every cycle from now on, until `until` is done. One that arrives while the caller
-        is still busy with the previous is skipped for the newest. The first is the latest if
-        it is at most a period old: after a pause it may be hours old."""
+    async def cycles(
+        self, until: asyncio.Future[Any], urgent: Callable[[Cycle], bool] = lambda _: False
+    ) -> AsyncIterator[Cycle]:
+        """Every cycle from now on, until `until` is done, the turn taken ahead of the others
+        when `urgent` says so. One that arrives while the caller is still busy with the
+        previous is skipped for the newest. The first is the latest if it is at most a period
+        old: after a pause it may be hours old."""
         seen = 0
         while not until.done():
             latest = self._latest
             if latest is not None and self._number > seen and (seen or not self._stale()):
-                await self._turn()
+                await self._turn(urgent(latest))
                 if until.done():
                     return
                 # the newest: another may have come while this workload waited for its turn
@@ -167,24 +180,25 @@ class CycleClock:
                 continue
             await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
 
-    async def _turn(self) -> None:
+    async def _turn(self, urgent: bool) -> None:
         """Returns when it is this workload's turn; the next one's comes at the next pass of
         the loop, whether this decision is done by then or waits for a write."""
         loop = asyncio.get_running_loop()
         if self._turn_taken:
             waiting = loop.create_future()
-            self._turns.append(waiting)
+            (self._urgent_turns if urgent else self._turns).append(waiting)
             await waiting  # the turn is handed over taken
         else:
             self._turn_taken = True
         loop.call_soon(self._pass_turn)
 
     def _pass_turn(self) -> None:
-        while self._turns:
-            waiting = self._turns.popleft()
-            if not waiting.done():  # done: its workload was cancelled while it waited
-                waiting.set_result(None)
-                return
+        for turns in (self._urgent_turns, self._turns):
+            while turns:
+                waiting = turns.popleft()
+                if not waiting.done():  # done: its workload was cancelled while it waited
+                    waiting.set_result(None)
+                    return
         self._turn_taken = False
 
     def _stale(self) -> bool:
@@ -318,6 +332,7 @@ async def reconcile(
     now = time.time() if now is None else now
     old_conditions = (status_raw or {}).get("conditions")
     events: list[EventIntent] = []
+    read_pods: tuple[PodKey, ...] = ()
 
     def finish(status: dict[str, Any], conditions: list[ConditionState]) -> Outcome:
         for state in conditions:
@@ -341,7 +356,7 @@ async def reconcile(
         status = {**status, "observedGeneration": generation, "conditions": merged}
         refresh = refresh_seconds(deps.status_refresh_seconds, cycle.workloads)
         patch = status_patch(status_raw, status, now, refresh)
-        return Outcome(status_patch=patch, events=events)
+        return Outcome(status_patch=patch, events=events, pods=read_pods)
 
     try:
         spec = deps.specs.get(namespace, name, generation, spec_raw)
@@ -395,6 +410,7 @@ async def reconcile(
         )
 
     owned = view.selected(namespace, target.selector)
+    read_pods = tuple((p.namespace, p.name) for p in owned)
     signals = await _workload_signals(spec, queries, owned, cycle.snapshot, deps.prometheus, now)
     counts = ReplicaCounts(
         current=target.replicas,

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from gpusizer.reconcile import Cycle, CycleClock
-from gpusizer.signals.source import Snapshot
+from gpusizer.signals.parse import PodSamples, Sample
+from gpusizer.signals.source import GPU_UTIL, Snapshot
 
 
 class Fetches:
@@ -234,4 +235,43 @@ async def test_a_workload_stopped_or_cancelled_while_waiting_for_its_turn_does_n
     assert decided == ["a"]
     assert tasks["c"].cancelled()
     # the turn is not left with b or c
-    await asyncio.wait_for(clock._turn(), timeout=10)
+    await asyncio.wait_for(clock._turn(urgent=False), timeout=10)
+
+
+async def test_urgent_workloads_take_their_turns_ahead_of_the_rest(
+    stop: asyncio.Future[None],
+) -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    decided: list[int] = []
+    all_decided = asyncio.Event()
+
+    async def listen(number: int) -> None:
+        with clock.listening():
+            async for _ in clock.cycles(until=stop, urgent=lambda _: number % 10 == 9):
+                decided.append(number)
+                if len(decided) == 30:
+                    all_decided.set()
+
+    listeners = [asyncio.create_task(listen(n)) for n in range(30)]
+    async with running(clock):
+        await asyncio.wait_for(all_decided.wait(), timeout=30)
+    # the first awake takes the free turn; the urgent three queue ahead of the 26 others
+    assert decided[1:4] == [9, 19, 29]
+    assert sorted(decided) == list(range(30))
+    stop.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
+
+
+async def test_a_cycle_names_the_pods_whose_readings_moved_since_the_last() -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600)
+
+    def cycle_with(utilization: dict[str, float]) -> Cycle:
+        samples = {("ns", pod): Sample(value, 0.0) for pod, value in utilization.items()}
+        return Cycle(
+            snapshot=Snapshot(time=0.0, signals={GPU_UTIL: PodSamples(samples)}), autoscalers={}
+        )
+
+    clock.publish(cycle_with({"steady": 50.0, "jumped": 20.0}))
+    assert clock._latest is not None and clock._latest.moved == {("ns", "steady"), ("ns", "jumped")}
+    clock.publish(cycle_with({"steady": 51.0, "jumped": 60.0}))
+    assert clock._latest.moved == {("ns", "jumped")}

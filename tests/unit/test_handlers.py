@@ -11,11 +11,13 @@ from gpusizer.handlers import (
     DECISION_GRACE_SECONDS,
     OnePerKey,
     OperatorSettings,
+    Workload,
     instrument,
     register,
 )
+from gpusizer.reconcile import Cycle
 from gpusizer.signals.discovery import NodeInfo
-from gpusizer.signals.source import PrometheusSettings
+from gpusizer.signals.source import PrometheusSettings, Snapshot
 from kopf._core.intents.handlers import DaemonHandler, TimerHandler
 from kubernetes import client as k8s
 
@@ -46,6 +48,18 @@ def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
     finally:
         kopf.set_default_registry(previous)
     return registry
+
+
+def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None:
+    body = kopf.Body({})
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", body, logger)
+    moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-1")}))
+    assert workload.urgent(moved)  # not decided yet
+    workload.pods = (("ns", "chat-0"),)
+    assert not workload.urgent(moved)
+    workload.pods = (("ns", "chat-0"), ("ns", "chat-1"))
+    assert workload.urgent(moved)
 
 
 def test_workloads_are_driven_by_the_cycle_clock_not_by_timers() -> None:

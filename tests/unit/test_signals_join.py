@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.reconcile import ClusterView
-from gpusizer.signals.join import workload_signals
+from gpusizer.signals.join import moved_pods, workload_signals
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo, matches_selector, pod_info
 from gpusizer.signals.source import GPU_UTIL, MEMORY, MIG_UTIL, Snapshot, queue_signal
@@ -239,3 +239,40 @@ def test_selection_through_the_label_index_equals_a_scan(selector: str) -> None:
     assert scanned.selected("llm", selector) == expected
     assert indexed.selected("llm", selector) == expected
     assert scanned.selected("other", selector) == indexed.selected("other", selector) == []
+
+
+def _snapshot(**signals: dict[str, float]) -> Snapshot:
+    return Snapshot(
+        time=0.0,
+        signals={
+            name: PodSamples({("ns", pod): Sample(v, 0.0) for pod, v in values.items()})
+            for name, values in signals.items()
+        },
+    )
+
+
+def test_pods_whose_utilisation_or_queue_moved_are_named() -> None:
+    before = _snapshot(
+        gpu_util={"steady": 50.0, "busier": 50.0, "gone": 10.0},
+        memory={"steady": 1000.0},
+        **{"queue:vllm": {"steady": 0.0, "queued": 0.0}},
+    )
+    after = _snapshot(
+        gpu_util={"steady": 51.0, "busier": 60.0, "new": 10.0},
+        memory={"steady": 9000.0},  # sizes slices, not replicas
+        **{"queue:vllm": {"steady": 0.04, "queued": 1.0}},
+    )
+    assert moved_pods(before, after) == {
+        ("ns", "busier"),
+        ("ns", "gone"),
+        ("ns", "new"),
+        ("ns", "queued"),
+    }
+
+
+def test_every_pod_moved_in_the_first_cycle_and_after_a_failed_signal() -> None:
+    after = _snapshot(gpu_util={"a": 50.0}, **{"queue:vllm": {"b": 0.0}})
+    assert moved_pods(None, after) == {("ns", "a"), ("ns", "b")}
+    failed_before = _snapshot(gpu_util={"a": 50.0})
+    failed_before.errors["queue:vllm"] = Problem(Reason.QUERY_ERROR, "HTTP 500")
+    assert moved_pods(failed_before, after) == {("ns", "b")}
