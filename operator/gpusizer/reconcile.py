@@ -92,6 +92,9 @@ async def fetch_cycle(
     return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
 
 
+Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first
+
+
 class CycleClock:
     """One snapshot per sync period, handed to every workload the moment it arrives.
 
@@ -117,7 +120,8 @@ class CycleClock:
         self._period = period_seconds
         self._monotonic = monotonic  # for a cycle's age
         self._turn_taken = False
-        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
+        # workloads waiting for their turn, each with what says whether a cycle is urgent to it
+        self._turns: collections.deque[tuple[asyncio.Future[None], Urgency]] = collections.deque()
         self._urgent_turns: collections.deque[asyncio.Future[None]] = collections.deque()
         self._listeners = 0
         self._number = 0
@@ -143,9 +147,17 @@ class CycleClock:
 
     def publish(self, cycle: Cycle) -> None:
         before = self._latest.snapshot if self._latest is not None else None
-        self._latest = replace(
+        latest = self._latest = replace(
             cycle, workloads=self._listeners, moved=moved_pods(before, cycle.snapshot)
         )
+        # those still waiting from the last round (most of them, when a round of decisions
+        # takes nearly a period) move up if this cycle is urgent to them
+        waiting, self._turns = self._turns, collections.deque()
+        for turn, urgent in waiting:
+            if urgent(latest):
+                self._urgent_turns.append(turn)
+            else:
+                self._turns.append((turn, urgent))
         self._published_at = self._monotonic()
         self._number += 1
         arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
@@ -161,7 +173,7 @@ class CycleClock:
             self._listeners -= 1
 
     async def cycles(
-        self, until: asyncio.Future[Any], urgent: Callable[[Cycle], bool] = lambda _: False
+        self, until: asyncio.Future[Any], urgent: Urgency = lambda _: False
     ) -> AsyncIterator[Cycle]:
         """Every cycle from now on, until `until` is done, the turn taken ahead of the others
         when `urgent` says so. One that arrives while the caller is still busy with the
@@ -171,7 +183,7 @@ class CycleClock:
         while not until.done():
             latest = self._latest
             if latest is not None and self._number > seen and (seen or not self._stale()):
-                await self._turn(urgent(latest))
+                await self._turn(urgent)
                 if until.done():
                     return
                 # the newest: another may have come while this workload waited for its turn
@@ -180,25 +192,29 @@ class CycleClock:
                 continue
             await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
 
-    async def _turn(self, urgent: bool) -> None:
+    async def _turn(self, urgent: Urgency) -> None:
         """Returns when it is this workload's turn; the next one's comes at the next pass of
         the loop, whether this decision is done by then or waits for a write."""
         loop = asyncio.get_running_loop()
         if self._turn_taken:
             waiting = loop.create_future()
-            (self._urgent_turns if urgent else self._turns).append(waiting)
+            if self._latest is not None and urgent(self._latest):
+                self._urgent_turns.append(waiting)
+            else:
+                self._turns.append((waiting, urgent))
             await waiting  # the turn is handed over taken
         else:
             self._turn_taken = True
         loop.call_soon(self._pass_turn)
 
     def _pass_turn(self) -> None:
-        for turns in (self._urgent_turns, self._turns):
-            while turns:
-                waiting = turns.popleft()
-                if not waiting.done():  # done: its workload was cancelled while it waited
-                    waiting.set_result(None)
-                    return
+        while self._urgent_turns or self._turns:
+            waiting = (
+                self._urgent_turns.popleft() if self._urgent_turns else self._turns.popleft()[0]
+            )
+            if not waiting.done():  # done: its workload was cancelled while it waited
+                waiting.set_result(None)
+                return
         self._turn_taken = False
 
     def _stale(self) -> bool:

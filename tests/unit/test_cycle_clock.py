@@ -235,7 +235,7 @@ async def test_a_workload_stopped_or_cancelled_while_waiting_for_its_turn_does_n
     assert decided == ["a"]
     assert tasks["c"].cancelled()
     # the turn is not left with b or c
-    await asyncio.wait_for(clock._turn(urgent=False), timeout=10)
+    await asyncio.wait_for(clock._turn(urgent=lambda _: False), timeout=10)
 
 
 async def test_urgent_workloads_take_their_turns_ahead_of_the_rest(
@@ -258,6 +258,36 @@ async def test_urgent_workloads_take_their_turns_ahead_of_the_rest(
     # the first awake takes the free turn; the urgent three queue ahead of the 26 others
     assert decided[1:4] == [9, 19, 29]
     assert sorted(decided) == list(range(30))
+    stop.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
+
+
+async def test_a_workload_still_waiting_moves_up_when_a_new_cycle_is_urgent_to_it(
+    stop: asyncio.Future[None],
+) -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    decided: list[tuple[int, float]] = []
+    all_decided = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def listen(number: int) -> None:
+        def urgent(cycle: Cycle) -> bool:
+            return number == 29 and cycle.snapshot.time == 2.0
+
+        with clock.listening():
+            async for each in clock.cycles(until=stop, urgent=urgent):
+                if not decided:  # cycle 2 comes in the next pass, once the others queued
+                    loop.call_soon(clock.publish, cycle(2))
+                decided.append((number, each.snapshot.time))
+                if len(decided) == 30:
+                    all_decided.set()
+
+    listeners = [asyncio.create_task(listen(n)) for n in range(30)]
+    async with running(clock):
+        await asyncio.wait_for(all_decided.wait(), timeout=30)
+    # 1 got the turn in the pass in which cycle 2 came; 29, queued last for cycle 1, is next
+    assert [n for n, _ in decided[:3]] == [0, 1, 29]
+    assert {t for _, t in decided[1:]} == {2.0}  # a workload decides on the newest cycle
     stop.set_result(None)
     await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
 
