@@ -10,6 +10,18 @@ from pathlib import Path
 import gpusizer
 
 
+def _in_a_fresh_interpreter(code: str) -> str:
+    """What `code` prints, run by a new Python that imports this gpusizer."""
+    package_root = Path(gpusizer.__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(package_root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def test_building_the_command_line_loads_no_simulator_library() -> None:
     """`gpusizer run` builds the whole parser, `simulate`'s options included: numpy and
     matplotlib loaded there were 26 MiB of every operator's memory."""
@@ -17,12 +29,30 @@ def test_building_the_command_line_loads_no_simulator_library() -> None:
         "import sys; from gpusizer.cli import build_parser; build_parser(); "
         "print(' '.join(m for m in ('numpy', 'matplotlib', 'pandas') if m in sys.modules))"
     )
-    package_root = Path(gpusizer.__file__).resolve().parents[1]
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe],
-        env={**os.environ, "PYTHONPATH": str(package_root)},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert loaded == ""
+    assert _in_a_fresh_interpreter(probe) == ""
+
+
+def test_big_blocks_are_mapped_even_after_a_bigger_one_was_freed() -> None:
+    """glibc would serve the second block from its heap, which keeps freed pages."""
+    probe = """
+import ctypes
+from gpusizer.cli import pin_malloc_mmap_threshold
+
+
+class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2, all ten fields
+    _fields_ = [
+        (f, ctypes.c_size_t)
+        for f in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        .split()
+    ]
+
+
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallInfo2
+assert pin_malloc_mmap_threshold()
+freed = bytearray(8 << 20)
+del freed
+kept = bytearray(6 << 20)
+print(mallinfo2().hblkhd >> 20)
+"""
+    assert int(_in_a_fresh_interpreter(probe)) >= 6
