@@ -149,7 +149,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 # glibc raises its mmap threshold to the largest block freed, so each cycle's megabytes of
 # Prometheus responses came from the heap, whose freed pages it keeps: pinned at its default,
-# the operator's steady RSS at 5,000 workloads went from 587 to 495 MiB (bench/scale.py)
+# the operator's steady RSS at 5,000 workloads went from 587 to 529 MiB (bench/scale.py)
 MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
 

@@ -107,8 +107,8 @@ class CycleClock:
     event loop would run all of them back to back (seconds at 5,000 workloads) while the
     watches, the event poster and the next snapshot wait: workloads take turns, one decision
     starting per pass, the others queued in order. Urgent ones (a workload whose readings
-    moved) queue ahead of the rest: at 5,000 workloads a load change otherwise waited up to a
-    whole round of unchanged decisions for its write (bench/scale.py)."""
+    moved) queue ahead of the rest: a load change would otherwise wait behind up to a whole
+    round of unchanged decisions, about 5 s at 5,000 workloads (bench/scale.py `cycle_s`)."""
 
     def __init__(
         self,
