@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from gpusizer.reconcile import Cycle, CycleClock
@@ -48,6 +48,22 @@ async def running(clock: CycleClock) -> AsyncIterator[None]:
 
 def cycle(number: int) -> Cycle:
     return Cycle(snapshot=Snapshot(time=float(number)), autoscalers={})
+
+
+async def decide_until(
+    clock: CycleClock,
+    listen: Callable[[int], Awaitable[None]],
+    listeners: int,
+    all_decided: asyncio.Event,
+    stop: asyncio.Future[None],
+) -> None:
+    """Run `listen(0)`..`listen(listeners - 1)` on the clock until `all_decided`, then stop
+    them."""
+    tasks = [asyncio.create_task(listen(n)) for n in range(listeners)]
+    async with running(clock):
+        await asyncio.wait_for(all_decided.wait(), timeout=30)
+    stop.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
 
 
 @pytest.fixture
@@ -200,14 +216,10 @@ async def test_decisions_take_turns_with_the_rest_of_the_loop(
                 if len(decided) == 100:
                     all_decided.set()
 
-    listeners = [asyncio.create_task(listen(n)) for n in range(100)]
-    async with running(clock):
-        await asyncio.wait_for(all_decided.wait(), timeout=30)
+    await decide_until(clock, listen, 100, all_decided, stop)
     # a pass per decision; unpaced it would be one pass in all
     assert passes_while_deciding >= 99
     assert sorted(decided) == list(range(100))
-    stop.set_result(None)
-    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
 
 
 async def test_a_workload_stopped_or_cancelled_while_waiting_for_its_turn_does_not_decide() -> None:
@@ -252,14 +264,10 @@ async def test_urgent_workloads_take_their_turns_ahead_of_the_rest(
                 if len(decided) == 30:
                     all_decided.set()
 
-    listeners = [asyncio.create_task(listen(n)) for n in range(30)]
-    async with running(clock):
-        await asyncio.wait_for(all_decided.wait(), timeout=30)
+    await decide_until(clock, listen, 30, all_decided, stop)
     # the first awake takes the free turn; the urgent three queue ahead of the 26 others
     assert decided[1:4] == [9, 19, 29]
     assert sorted(decided) == list(range(30))
-    stop.set_result(None)
-    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
 
 
 async def test_a_workload_still_waiting_moves_up_when_a_new_cycle_is_urgent_to_it(
@@ -282,14 +290,10 @@ async def test_a_workload_still_waiting_moves_up_when_a_new_cycle_is_urgent_to_i
                 if len(decided) == 30:
                     all_decided.set()
 
-    listeners = [asyncio.create_task(listen(n)) for n in range(30)]
-    async with running(clock):
-        await asyncio.wait_for(all_decided.wait(), timeout=30)
+    await decide_until(clock, listen, 30, all_decided, stop)
     # 1 got the turn in the pass in which cycle 2 came; 29, queued last for cycle 1, is next
     assert [n for n, _ in decided[:3]] == [0, 1, 29]
     assert {t for _, t in decided[1:]} == {2.0}  # a workload decides on the newest cycle
-    stop.set_result(None)
-    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
 
 
 async def test_a_cycle_names_the_pods_whose_readings_moved_since_the_last() -> None:
