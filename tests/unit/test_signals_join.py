@@ -241,7 +241,7 @@ def test_selection_through_the_label_index_equals_a_scan(selector: str) -> None:
     assert scanned.selected("other", selector) == indexed.selected("other", selector) == []
 
 
-def _snapshot(**signals: dict[str, float]) -> Snapshot:
+def _snapshot(signals: dict[str, dict[str, float]]) -> Snapshot:
     return Snapshot(
         time=0.0,
         signals={
@@ -251,16 +251,23 @@ def _snapshot(**signals: dict[str, float]) -> Snapshot:
     )
 
 
+VLLM_QUEUE = queue_signal(Server.VLLM)
+
+
 def test_pods_whose_utilisation_or_queue_moved_are_named() -> None:
     before = _snapshot(
-        gpu_util={"steady": 50.0, "busier": 50.0, "gone": 10.0},
-        memory={"steady": 1000.0},
-        **{"queue:vllm": {"steady": 0.0, "queued": 0.0}},
+        {
+            GPU_UTIL: {"steady": 50.0, "busier": 50.0, "gone": 10.0},
+            MEMORY: {"steady": 1000.0},
+            VLLM_QUEUE: {"steady": 0.0, "queued": 0.0},
+        }
     )
     after = _snapshot(
-        gpu_util={"steady": 51.0, "busier": 60.0, "new": 10.0},
-        memory={"steady": 9000.0},  # sizes slices, not replicas
-        **{"queue:vllm": {"steady": 0.04, "queued": 1.0}},
+        {
+            GPU_UTIL: {"steady": 51.0, "busier": 60.0, "new": 10.0},
+            MEMORY: {"steady": 9000.0},  # sizes slices, not replicas
+            VLLM_QUEUE: {"steady": 0.04, "queued": 1.0},
+        }
     )
     assert moved_pods(before, after) == {
         ("ns", "busier"),
@@ -271,8 +278,8 @@ def test_pods_whose_utilisation_or_queue_moved_are_named() -> None:
 
 
 def test_every_pod_moved_in_the_first_cycle_and_after_a_failed_signal() -> None:
-    after = _snapshot(gpu_util={"a": 50.0}, **{"queue:vllm": {"b": 0.0}})
+    after = _snapshot({GPU_UTIL: {"a": 50.0}, VLLM_QUEUE: {"b": 0.0}})
     assert moved_pods(None, after) == {("ns", "a"), ("ns", "b")}
-    failed_before = _snapshot(gpu_util={"a": 50.0})
-    failed_before.errors["queue:vllm"] = Problem(Reason.QUERY_ERROR, "HTTP 500")
+    failed_before = _snapshot({GPU_UTIL: {"a": 50.0}})
+    failed_before.errors[VLLM_QUEUE] = Problem(Reason.QUERY_ERROR, "HTTP 500")
     assert moved_pods(failed_before, after) == {("ns", "b")}

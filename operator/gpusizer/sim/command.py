@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gpusizer.sim import POLICIES
 
 
@@ -56,8 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: `gpusizer run` builds this parser too, and numpy and matplotlib
     # were 26 MiB of every operator's memory
-    from pydantic import ValidationError
-
     from gpusizer.sim.fleet import FleetParams
     from gpusizer.sim.output import as_json, plot, table
     from gpusizer.sim.replay import capacity_for_peak, default_tick, load_spec, replay
