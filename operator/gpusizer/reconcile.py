@@ -147,17 +147,14 @@ class CycleClock:
 
     def publish(self, cycle: Cycle) -> None:
         before = self._latest.snapshot if self._latest is not None else None
-        latest = self._latest = replace(
+        self._latest = replace(
             cycle, workloads=self._listeners, moved=moved_pods(before, cycle.snapshot)
         )
         # those still waiting from the last round (most of them, when a round of decisions
         # takes nearly a period) move up if this cycle is urgent to them
         waiting, self._turns = self._turns, collections.deque()
         for turn, urgent in waiting:
-            if urgent(latest):
-                self._urgent_turns.append(turn)
-            else:
-                self._turns.append((turn, urgent))
+            self._queue(turn, urgent)
         self._published_at = self._monotonic()
         self._number += 1
         arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
@@ -198,14 +195,18 @@ class CycleClock:
         loop = asyncio.get_running_loop()
         if self._turn_taken:
             waiting = loop.create_future()
-            if self._latest is not None and urgent(self._latest):
-                self._urgent_turns.append(waiting)
-            else:
-                self._turns.append((waiting, urgent))
+            self._queue(waiting, urgent)
             await waiting  # the turn is handed over taken
         else:
             self._turn_taken = True
         loop.call_soon(self._pass_turn)
+
+    def _queue(self, waiting: asyncio.Future[None], urgent: Urgency) -> None:
+        """Ahead of the rest if the latest cycle is urgent to it."""
+        if self._latest is not None and urgent(self._latest):
+            self._urgent_turns.append(waiting)
+        else:
+            self._turns.append((waiting, urgent))
 
     def _pass_turn(self) -> None:
         while self._urgent_turns or self._turns:
