@@ -217,7 +217,7 @@ event_lists = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(
     event_lists,
     st.integers(1, 30),

@@ -490,7 +490,7 @@ def situations(draw: st.DrawFn) -> tuple[WorkloadSizingSpec, ReplicaCounts, Sign
     return spec, counts(current, starting=starting, unobserved=unobserved), signals, history
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(situations())
 def test_never_outside_bounds(
     situation: tuple[WorkloadSizingSpec, ReplicaCounts, Signals, History],
@@ -505,7 +505,7 @@ def test_never_outside_bounds(
         assert (1 if zero_allowed else rules.minimum) <= desired <= rules.maximum
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(situations())
 def test_never_down_on_unknown_metrics(
     situation: tuple[WorkloadSizingSpec, ReplicaCounts, Signals, History],
@@ -517,7 +517,7 @@ def test_never_down_on_unknown_metrics(
         assert decision.reason != Reason.SCALE_TO_ZERO
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(situations())
 def test_never_more_than_the_step_limit(
     situation: tuple[WorkloadSizingSpec, ReplicaCounts, Signals, History],
@@ -546,7 +546,7 @@ def test_never_more_than_the_step_limit(
         )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(situations())
 def test_stabilisation_respected(
     situation: tuple[WorkloadSizingSpec, ReplicaCounts, Signals, History],
