@@ -214,7 +214,7 @@ class Workload:
                 deps,
             )
         except Exception:  # a bug: say so under the object's name, and decide again next cycle
-            metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
+            metrics.WORKLOADS.reconcile_failed(self.namespace, self.name)
             self.logger.exception("sizing failed; it is tried again at the next cycle")
             return
         finally:
@@ -402,5 +402,5 @@ def register(settings: OperatorSettings) -> None:
         *, type: str, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
     ) -> None:
         if type == "DELETED" and namespace:
-            metrics.forget(namespace, name)
+            metrics.WORKLOADS.forget(namespace, name)
             memo.deps.forget(namespace, name)

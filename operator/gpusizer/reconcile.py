@@ -369,7 +369,7 @@ async def reconcile(
                 EventIntent("Normal", EventReason.METRICS_RECOVERED, "all signals are known again")
             )
         merged = merge_conditions(old_conditions, conditions, now, generation)
-        metrics.set_conditions(namespace, name, merged)
+        metrics.WORKLOADS.set_conditions(namespace, name, merged)
         status = {**status, "observedGeneration": generation, "conditions": merged}
         refresh = refresh_seconds(deps.status_refresh_seconds, cycle.workloads)
         patch = status_patch(status_raw, status, now, refresh)
@@ -440,10 +440,14 @@ async def reconcile(
     )
     decision = decide_replicas(spec, counts, signals.signals, history, now)
     deps.decided[(namespace, name)] = now
-    metrics.DECISIONS.labels(namespace, name, decision.reason.value).inc()
-    metrics.DESIRED_REPLICAS.labels(namespace, name).set(decision.desired)
-    metrics.CURRENT_REPLICAS.labels(namespace, name).set(target.replicas)
-    metrics.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_known else 0)
+    metrics.WORKLOADS.decided(
+        namespace,
+        name,
+        decision.reason.value,
+        desired=decision.desired,
+        current=target.replicas,
+        known=decision.metrics_known,
+    )
 
     paused_by = _paused_by(annotations, target)
     sizing = RightSizingOutcome()
@@ -494,14 +498,14 @@ async def reconcile(
         except ScaleConflict as exc:
             if watched is not None:
                 deps.found_behind(namespace, name, watched)
-            metrics.SCALE_WRITES.labels(namespace, name, "conflict").inc()
+            metrics.WORKLOADS.scale_written(namespace, name, "conflict")
             log.info("%s/%s: %s", namespace, name, exc)
             ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, str(exc))
         except TargetProblem as exc:
-            metrics.SCALE_WRITES.labels(namespace, name, "error").inc()
+            metrics.WORKLOADS.scale_written(namespace, name, "error")
             ready_state = ConditionState(ConditionType.READY, False, Reason.SCALE_FAILED, str(exc))
         else:
-            metrics.SCALE_WRITES.labels(namespace, name, "ok").inc()
+            metrics.WORKLOADS.scale_written(namespace, name, "ok")
             history = history.with_scale_event(now, target.replicas, decision.desired)
             current = decision.desired
             last_scale_time = iso(now)

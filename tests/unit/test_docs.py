@@ -35,7 +35,7 @@ def exported_metrics() -> dict[str, str]:
     """Series name -> type for everything in gpusizer.report.metrics."""
     out: dict[str, str] = {}
     for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
+        if isinstance(value, MetricWrapperBase | metrics.WorkloadCollector):
             for family in value.describe():
                 name = family.name
                 if family.type == "counter":

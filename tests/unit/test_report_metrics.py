@@ -1,18 +1,26 @@
-"""The per-condition series: exactly one per condition type, following status and reason."""
+"""The per-workload series, as a scrape of the operator's registry shows them."""
 
 from __future__ import annotations
 
 from gpusizer.report import metrics
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def shown(name: str) -> dict[tuple[str, str, str], float]:
+def scraped(name: str) -> Series:
+    """Every sample of workload `name`, by sample name and its other labels, parsed back from
+    the text exposition a scrape gets."""
+    text = generate_latest(REGISTRY).decode()
     return {
-        (s.labels["type"], s.labels["status"], s.labels["reason"]): s.value
-        for family in REGISTRY.collect()
-        if family.name == "gpusizer_condition"
+        (
+            s.name,
+            tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("namespace", "name"))),
+        ): s.value
+        for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.labels.get("name") == name
+        if s.labels.get("name") == name and s.labels.get("namespace") == "ns"
     }
 
 
@@ -21,12 +29,53 @@ def ready(status: str, reason: str) -> dict[str, str]:
 
 
 def test_one_series_per_condition_follows_its_status_and_reason() -> None:
-    metrics.set_conditions("ns", "cond-a", [ready("True", "Acting")])
-    metrics.set_conditions("ns", "cond-a", [ready("True", "Acting")])  # unchanged
-    assert shown("cond-a") == {("Ready", "True", "Acting"): 1.0}
-    metrics.set_conditions("ns", "cond-a", [ready("False", "TargetNotFound")])
-    assert shown("cond-a") == {("Ready", "False", "TargetNotFound"): 1.0}
-    metrics.set_conditions("ns", "cond-a", [ready("False", "TargetNotFound")])
-    assert shown("cond-a") == {("Ready", "False", "TargetNotFound"): 1.0}
-    metrics.forget("ns", "cond-a")
-    assert shown("cond-a") == {}
+    metrics.WORKLOADS.set_conditions("ns", "cond-a", [ready("True", "Acting")])
+    metrics.WORKLOADS.set_conditions("ns", "cond-a", [ready("True", "Acting")])  # unchanged
+    condition = (
+        "gpusizer_condition",
+        (("reason", "Acting"), ("status", "True"), ("type", "Ready")),
+    )
+    assert scraped("cond-a") == {condition: 1.0}
+    metrics.WORKLOADS.set_conditions("ns", "cond-a", [ready("False", "TargetNotFound")])
+    assert scraped("cond-a") == {
+        (
+            "gpusizer_condition",
+            (("reason", "TargetNotFound"), ("status", "False"), ("type", "Ready")),
+        ): 1.0
+    }
+
+
+def test_decisions_count_by_reason_and_the_gauges_show_the_last() -> None:
+    metrics.WORKLOADS.decided("ns", "dec-a", "ScaleUp", desired=3, current=1, known=True)
+    metrics.WORKLOADS.decided("ns", "dec-a", "ScaleUp", desired=4, current=3, known=True)
+    metrics.WORKLOADS.decided("ns", "dec-a", "HoldingOnUnknownMetrics", 4, 4, known=False)
+    metrics.WORKLOADS.scale_written("ns", "dec-a", "ok")
+    metrics.WORKLOADS.scale_written("ns", "dec-a", "conflict")
+    metrics.WORKLOADS.scale_written("ns", "dec-a", "ok")
+    assert scraped("dec-a") == {
+        ("gpusizer_decisions_total", (("reason", "ScaleUp"),)): 2.0,
+        ("gpusizer_decisions_total", (("reason", "HoldingOnUnknownMetrics"),)): 1.0,
+        ("gpusizer_desired_replicas", ()): 4.0,
+        ("gpusizer_current_replicas", ()): 4.0,
+        ("gpusizer_metrics_available", ()): 0.0,
+        ("gpusizer_scale_writes_total", (("result", "ok"),)): 2.0,
+        ("gpusizer_scale_writes_total", (("result", "conflict"),)): 1.0,
+    }
+
+
+def test_no_replica_gauges_before_the_first_decision() -> None:
+    metrics.WORKLOADS.reconcile_failed("ns", "err-a")
+    metrics.WORKLOADS.reconcile_failed("ns", "err-a")
+    assert scraped("err-a") == {("gpusizer_reconcile_errors_total", ()): 2.0}
+
+
+def test_a_deleted_workload_leaves_no_series_not_even_its_counters() -> None:
+    metrics.WORKLOADS.decided("ns", "gone-a", "ScaleUp", desired=2, current=1, known=True)
+    metrics.WORKLOADS.scale_written("ns", "gone-a", "ok")
+    metrics.WORKLOADS.reconcile_failed("ns", "gone-a")
+    metrics.WORKLOADS.set_conditions("ns", "gone-a", [ready("True", "Acting")])
+    metrics.WORKLOADS.decided("ns", "kept-a", "ScaleUp", desired=2, current=1, known=True)
+    assert len(scraped("gone-a")) == 7
+    metrics.WORKLOADS.forget("ns", "gone-a")
+    assert scraped("gone-a") == {}
+    assert ("gpusizer_decisions_total", (("reason", "ScaleUp"),)) in scraped("kept-a")
