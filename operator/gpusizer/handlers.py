@@ -317,18 +317,18 @@ def register(settings: OperatorSettings) -> None:
         memo.executor.shutdown(wait=False, cancel_futures=True)
 
     @kopf.on.probe(id="prometheus")
-    def prometheus_url(memo: kopf.Memo, **_: Any) -> str:
+    async def prometheus_url(memo: kopf.Memo, **_: Any) -> str:
         config: OperatorSettings = memo.config
         return config.prometheus.url
 
     @kopf.index("", "v1", "pods", id="pods_by_namespace")
-    def pods_by_namespace(
+    async def pods_by_namespace(
         *, namespace: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, PodInfo]:
         return {namespace or "": pod_info(body)}
 
     @kopf.index("", "v1", "pods", id="pods_by_label")
-    def pods_by_label(
+    async def pods_by_label(
         *, namespace: str | None, body: kopf.Body, **_: Any
     ) -> dict[PodLabelKey, PodInfo]:
         info = pod_info(body)
@@ -340,14 +340,14 @@ def register(settings: OperatorSettings) -> None:
     # with a GET, as before.
     @kopf.index("apps", "v1", "deployments", id="deployments")
     @kopf.index("apps", "v1", "statefulsets", id="statefulsets")
-    def gpu_targets(
+    async def gpu_targets(
         *, namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], TargetView] | None:
         view = target_view(body)
         return {(namespace or "", name): view} if requests_gpu(view.pod_spec) else None
 
     @kopf.index("", "v1", "nodes", id="gpu_nodes")
-    def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
+    async def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
         info = node_info(body)
         return {name: info} if info.allocatable else None
 
@@ -398,7 +398,7 @@ def register(settings: OperatorSettings) -> None:
             stop.cancel()
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
-    def forget_deleted(
+    async def forget_deleted(
         *, type: str, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
     ) -> None:
         if type == "DELETED" and namespace:
