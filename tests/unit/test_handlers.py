@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import inspect
 import socket
 import threading
+from typing import Any
 
 import kopf
+import pytest
 import urllib3
+from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.handlers import (
     DECISION_GRACE_SECONDS,
     OnePerKey,
     OperatorSettings,
     Workload,
+    drop_managed_fields,
     instrument,
     register,
 )
 from gpusizer.reconcile import Cycle
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.source import PrometheusSettings, Snapshot
+from kopf._cogs.structs import ephemera, references
+from kopf._core.engines import indexing
 from kopf._core.intents.handlers import DaemonHandler, TimerHandler
+from kopf._core.reactor import inventory, processing
 from kubernetes import client as k8s
 
 
@@ -87,6 +96,96 @@ def test_no_handler_is_sent_to_a_thread() -> None:
     ]
     assert len(handlers) >= 8
     assert [h.id for h in handlers if not inspect.iscoroutinefunction(h.fn)] == []
+
+
+def workload_body(resource_version: str, finalizer: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "WorkloadSizing",
+        "metadata": {
+            "name": "chat",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": resource_version,
+            "generation": 1,
+            "finalizers": [finalizer],
+            "annotations": {"gpusizer.io/paused": "false"},
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:mode": {}}}}],
+        },
+        "spec": {"targetRef": {"kind": "Deployment", "name": "chat"}},
+        "status": {"desiredReplicas": 2},
+    }
+
+
+def test_dropping_managed_fields_keeps_everything_else() -> None:
+    event: dict[str, Any] = {"type": "MODIFIED", "object": workload_body("7", "f")}
+    expected = copy.deepcopy(event)
+    del expected["object"]["metadata"]["managedFields"]
+    drop_managed_fields(event)
+    assert event == expected
+
+
+@pytest.mark.parametrize(
+    "event",
+    [{}, {"object": None}, {"object": "text"}, {"object": {"metadata": ["x"]}}, {"object": {}}],
+)
+def test_dropping_managed_fields_of_a_malformed_event_changes_nothing(
+    event: dict[str, Any],
+) -> None:
+    before = copy.deepcopy(event)
+    drop_managed_fields(event)
+    assert event == before
+
+
+def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
+    """kopf keeps each WorkloadSizing's latest body while its daemon runs: the event handler
+    must strip the very dict kopf keeps, at creation and at every later change. Driven
+    through kopf's own event processing, so a kopf that copied the body would fail here."""
+    registry = kopf.OperatorRegistry()
+    for handler in registered()._watching.get_all_handlers():
+        registry._watching.append(handler)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry)
+    async def holds_the_body(stopped: kopf.DaemonStopped, **_: Any) -> None:
+        await stopped.wait()
+
+    async def kept_after(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        settings = kopf.OperatorSettings()
+        memories = inventory.ResourceMemories()
+        kept = []
+        for raw in events:
+            await processing.process_resource_event(
+                lifecycle=kopf.lifecycles.all_at_once,
+                indexers=indexing.OperatorIndexers(),
+                registry=registry,
+                settings=settings,
+                memories=memories,
+                memobase=ephemera.Memo(),
+                resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
+                raw_event=raw,  # type: ignore[arg-type]  # a RawEvent is this dict
+                event_queue=asyncio.Queue(),
+            )
+            body = (await memories.recall(raw["object"])).daemons_memory.live_fresh_body
+            assert body is not None  # the daemon runs and holds it
+            kept.append(copy.deepcopy(dict(body.metadata)))
+        memory = await memories.recall(events[0]["object"])
+        for daemon in list(memory.daemons_memory.running_daemons.values()):
+            daemon.stopper.set(reason=kopf.DaemonStoppingReason.OPERATOR_EXITING)
+            await daemon.task
+        return kept
+
+    finalizer = kopf.OperatorSettings().persistence.finalizer  # kopf spawns only once it is on
+    created, changed = asyncio.run(
+        kept_after(
+            [
+                {"type": "ADDED", "object": workload_body("1", finalizer)},
+                {"type": "MODIFIED", "object": workload_body("2", finalizer)},
+            ]
+        )
+    )
+    assert "managedFields" not in created and "managedFields" not in changed
+    assert changed["resourceVersion"] == "2"  # the body kept is the latest one
+    assert changed["annotations"] == {"gpusizer.io/paused": "false"}
 
 
 def test_a_request_to_a_silent_api_server_gives_up() -> None:
