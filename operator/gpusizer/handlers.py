@@ -411,7 +411,7 @@ def register(settings: OperatorSettings) -> None:
             stop.cancel()
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
-    async def forget_deleted(
+    async def workload_event(
         *,
         type: str,
         name: str,
@@ -420,6 +420,8 @@ def register(settings: OperatorSettings) -> None:
         memo: kopf.Memo,
         **_: Any,
     ) -> None:
+        """Every event of a WorkloadSizing: its body loses what kopf need not keep, and a
+        deleted one's series and cached state go."""
         drop_managed_fields(event)
         if type == "DELETED" and namespace:
             metrics.WORKLOADS.forget(namespace, name)

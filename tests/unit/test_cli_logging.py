@@ -20,7 +20,7 @@ def _record(level: int, message: str) -> logging.LogRecord:
         (logging.INFO, "Daemon 'size_workload' succeeded.", False),
         (logging.ERROR, "Daemon 'size_workload' failed with an exception. Will retry.", True),
         (logging.WARNING, "Patching failed with inconsistencies", True),
-        (logging.INFO, "Handler 'forget_deleted' is invoked.", True),
+        (logging.INFO, "Handler 'workload_event' is invoked.", True),
     ],
 )
 def test_only_routine_success_lines_are_dropped(level: int, message: str, kept: bool) -> None:
