@@ -22,7 +22,8 @@ PodKey = tuple[str, str]  # (namespace, pod)
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """Slotted: a cycle's snapshot holds one per pod and signal, 15,000 at 5,000 workloads."""
+    """Slotted, 40 bytes less each: a snapshot holds one per pod and signal (3,000 at 1,000
+    workloads in bench/scale.py)."""
 
     value: float
     timestamp: float
