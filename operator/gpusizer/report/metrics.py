@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -65,14 +65,12 @@ class WorkloadSeries:
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type: status, reason
 
     def copy(self) -> WorkloadSeries:
-        return WorkloadSeries(
-            self.desired,
-            self.current,
-            self.metrics_known,
-            dict(self.decisions),
-            dict(self.scale_writes),
-            self.reconcile_errors,
-            dict(self.conditions),
+        """The scalars as they are, the dicts copied: a scrape reads them outside the lock."""
+        return replace(
+            self,
+            decisions=dict(self.decisions),
+            scale_writes=dict(self.scale_writes),
+            conditions=dict(self.conditions),
         )
 
 
