@@ -31,6 +31,7 @@ from gpusizer.reconcile import (
     Cycle,
     CycleClock,
     Dependencies,
+    Outcome,
     PodLabelKey,
     fetch_cycle,
     reconcile,
@@ -205,13 +206,27 @@ class Workload:
         own wake query)."""
         return not self.pods or not cycle.moved.isdisjoint(self.pods)
 
-    async def size(
+    async def follow(
         self,
-        cycle: Cycle,
+        clock: CycleClock,
+        until: asyncio.Future[Any],
         view: ClusterView,
         deps: Dependencies,
         writer: StatusWriter,
     ) -> None:
+        """Decides on every cycle until `until` is done. A cycle is let go once decided on,
+        before the status is written: while 5,000 workloads first start, thousands of status
+        writes queue for the worker threads, and each decision waiting for its own kept a
+        cycle's snapshot alive (bench/README.md)."""
+        with clock.listening():
+            async for cycle in clock.cycles(until=until, urgent=self.urgent):
+                outcome = await self.decide(cycle, view, deps)
+                del cycle  # nor kept while waiting for the next (CycleClock.cycles)
+                if outcome is not None:
+                    await self.report(outcome, writer)
+
+    async def decide(self, cycle: Cycle, view: ClusterView, deps: Dependencies) -> Outcome | None:
+        """The decision on `cycle`, scale writes included; None when it failed (logged)."""
         metrics.DECISION_LAG_SECONDS.observe(time.time() - cycle.snapshot.time)
         started = time.monotonic()
         try:
@@ -229,10 +244,14 @@ class Workload:
         except Exception:  # a bug: say so under the object's name, and decide again next cycle
             metrics.WORKLOADS.reconcile_failed(self.namespace, self.name)
             self.logger.exception("sizing failed; it is tried again at the next cycle")
-            return
+            return None
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         self.pods = outcome.pods
+        return outcome
+
+    async def report(self, outcome: Outcome, writer: StatusWriter) -> None:
+        """The decision's events, then its status."""
         for event in outcome.events:
             kopf.event(self.body, type=event.type, reason=event.reason.value, message=event.message)
             # the same line in the operator's log, under the object's name, for whoever reads
@@ -401,12 +420,9 @@ def register(settings: OperatorSettings) -> None:
             },
         )
         workload = Workload(namespace, name, body, logger)
-        clock: CycleClock = memo.clock
         stop = asyncio.ensure_future(stopped.wait())
         try:
-            with clock.listening():
-                async for cycle in clock.cycles(until=stop, urgent=workload.urgent):
-                    await workload.size(cycle, view, memo.deps, memo.status_writer)
+            await workload.follow(memo.clock, stop, view, memo.deps, memo.status_writer)
         finally:
             stop.cancel()
 

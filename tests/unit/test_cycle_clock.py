@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -144,6 +146,27 @@ async def test_a_newcomer_decides_at_once_on_a_fresh_cycle(stop: asyncio.Future[
     clock = CycleClock(Fetches(), period_seconds=3600)
     clock.publish(cycle(1))
     assert (await anext(clock.cycles(until=stop))).snapshot.time == 1.0
+
+
+async def test_a_cycle_is_freed_once_a_newer_one_is_out(stop: asyncio.Future[None]) -> None:
+    # at 5,000 workloads a snapshot is megabytes: kept by every workload that waits, for a turn
+    # or for the next cycle, the first round's kept seven of them alive
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    clock.publish(cycle(1))
+    decided, waiting = clock.cycles(until=stop), clock.cycles(until=stop)
+    first = asyncio.create_task(anext(decided))
+    second = asyncio.create_task(anext(waiting))
+    await asyncio.sleep(0)  # one pass: the first decides on cycle 1, the second waits its turn
+    assert first.done() and not second.done()
+    cycle_1 = weakref.ref(first.result())
+    del first
+    clock.publish(cycle(2))
+    next_for_decided = asyncio.create_task(anext(decided))  # back for the next one
+    await asyncio.sleep(0)
+    gc.collect()
+    assert cycle_1() is None
+    assert (await asyncio.wait_for(second, timeout=10)).snapshot.time == 2.0
+    assert (await asyncio.wait_for(next_for_decided, timeout=10)).snapshot.time == 2.0
 
 
 async def test_listening_ends_when_told_to_stop(stop: asyncio.Future[None]) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import inspect
 import socket
 import threading
+import weakref
 from typing import Any
 
 import kopf
@@ -22,7 +24,7 @@ from gpusizer.handlers import (
     instrument,
     register,
 )
-from gpusizer.reconcile import Cycle
+from gpusizer.reconcile import ClusterView, Cycle, CycleClock, Dependencies, Outcome
 from gpusizer.signals.discovery import NodeInfo
 from gpusizer.signals.source import PrometheusSettings, Snapshot
 from kopf._cogs.structs import ephemera, references
@@ -70,6 +72,85 @@ def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None
     assert not workload.urgent(moved)
     workload.pods = (("ns", "chat-0"), ("ns", "chat-1"))
     assert workload.urgent(moved)
+
+
+class FirstWriteWaits:
+    """A status writer whose first write waits until released, as one does behind thousands
+    of others queued for the worker threads."""
+
+    def __init__(self) -> None:
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+        self.patches: list[dict[str, Any]] = []
+
+    async def write(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        if len(self.patches) == 1:
+            self.writing.set()
+            await self.release.wait()
+        return patch
+
+
+async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits() -> None:
+    # a cycle's snapshot is megabytes at 5,000 workloads; decisions waiting for their status
+    # writes, or for the next cycle, each kept the one they had decided on
+    async def no_fetch() -> Cycle:
+        raise AssertionError("cycles are published by the test")
+
+    clock = CycleClock(no_fetch, period_seconds=3600)
+    body = kopf.Body(
+        {
+            "metadata": {"generation": 1},
+            "spec": {
+                "targetRef": {"name": "chat"},
+                "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
+                "mode": "Off",
+            },
+        }
+    )
+    workload = Workload(
+        "ns", "chat", body, kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    )
+    deps = Dependencies(
+        prometheus=None,  # type: ignore[arg-type]  # mode Off reads no metrics
+        targets=None,  # type: ignore[arg-type]  # nor a target
+        rightsizing=None,  # type: ignore[arg-type]
+    )
+    writer = FirstWriteWaits()
+    decide = workload.decide
+    decided_twice = asyncio.Event()
+    outcomes: list[Outcome | None] = []
+
+    async def counted(*args: Any) -> Outcome | None:
+        outcomes.append(await decide(*args))
+        if len(outcomes) == 2:
+            decided_twice.set()
+        return outcomes[-1]
+
+    workload.decide = counted  # type: ignore[method-assign]
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    following = asyncio.create_task(
+        workload.follow(clock, stop, ClusterView({}, {}), deps, writer)  # type: ignore[arg-type]
+    )
+    await asyncio.wait_for(writer.writing.wait(), timeout=10)
+    first = weakref.ref(clock._latest)  # type: ignore[arg-type]
+    clock.publish(Cycle(Snapshot(time=2.0), autoscalers={}))
+    gc.collect()
+    assert first() is None, "kept while its status was written"
+
+    writer.release.set()
+    # the second decision, on cycle 2; it waits for cycle 3 by the time this resumes
+    await asyncio.wait_for(decided_twice.wait(), timeout=10)
+    second = weakref.ref(clock._latest)  # type: ignore[arg-type]
+    clock.publish(Cycle(Snapshot(time=3.0), autoscalers={}))
+    gc.collect()
+    assert second() is None, "kept while waiting for the next cycle"
+
+    stop.set_result(None)
+    await asyncio.wait_for(following, timeout=10)
+    ready = next(c for c in writer.patches[0]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ModeOff"  # it did decide, and wrote what it decided
 
 
 def test_workloads_are_driven_by_the_cycle_clock_not_by_timers() -> None:
