@@ -149,8 +149,8 @@ async def test_a_newcomer_decides_at_once_on_a_fresh_cycle(stop: asyncio.Future[
 
 
 async def test_a_cycle_is_freed_once_a_newer_one_is_out(stop: asyncio.Future[None]) -> None:
-    # at 5,000 workloads a snapshot is megabytes: kept by every workload that waits, for a turn
-    # or for the next cycle, the first round's kept seven of them alive
+    # at 5,000 workloads a snapshot is megabytes; workloads waiting for their turn, or for the
+    # next cycle, each kept the one they had last seen: seven alive in a first round at 1,000
     clock = CycleClock(Fetches(), period_seconds=3600)
     clock.publish(cycle(1))
     decided, waiting = clock.cycles(until=stop), clock.cycles(until=stop)
