@@ -33,15 +33,21 @@ class Fetches:
         return Cycle(snapshot=Snapshot(time=float(self.count)), autoscalers={})
 
 
+async def steps_taken() -> None:
+    """Returns once every task created or woken before the call has taken its next step: a
+    point in the loop's order (a callback queued after theirs), not a wait of some duration."""
+    taken = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(taken.set_result, None)
+    await taken
+
+
 @contextlib.asynccontextmanager
 async def running(clock: CycleClock) -> AsyncIterator[None]:
     """The clock's own loop, entered once it (and every task created before it) has taken its
     first step. Listener tasks created together all run, and wait for a cycle, in the loop
     pass in which the first of them wakes the clock; it fetches in the next."""
     task = asyncio.create_task(clock.run())
-    first_steps_taken = asyncio.get_running_loop().create_future()
-    asyncio.get_running_loop().call_soon(first_steps_taken.set_result, None)  # queued after them
-    await first_steps_taken
+    await steps_taken()
     try:
         yield
     finally:
@@ -156,15 +162,14 @@ async def test_a_cycle_is_freed_once_a_newer_one_is_out(stop: asyncio.Future[Non
     decided, waiting = clock.cycles(until=stop), clock.cycles(until=stop)
     first = asyncio.create_task(anext(decided))
     second = asyncio.create_task(anext(waiting))
-    await asyncio.sleep(0)  # one pass: the first decides on cycle 1, the second waits its turn
+    await steps_taken()  # the first decides on cycle 1, the second waits its turn
     assert first.done() and not second.done()
     cycle_1 = weakref.ref(first.result())
     del first
     clock.publish(cycle(2))
-    next_for_decided = asyncio.create_task(anext(decided))  # back for the next one
-    await asyncio.sleep(0)
-    gc.collect()
+    gc.collect()  # neither the listener that decided nor the one waiting may keep cycle 1
     assert cycle_1() is None
+    next_for_decided = asyncio.create_task(anext(decided))  # back for the next one
     assert (await asyncio.wait_for(second, timeout=10)).snapshot.time == 2.0
     assert (await asyncio.wait_for(next_for_decided, timeout=10)).snapshot.time == 2.0
 
