@@ -120,11 +120,18 @@ def test_recommend_reports_the_fleet(workloads: Workloads, cluster: Cluster) -> 
             if r["namespace"] == workloads.namespace
         }
         small, oom = rows.get("h100-small"), rows.get("oom")
-        if small and oom and small["peak_memory_mib"] and small["mean_utilization"] is not None:
+        # a pod counts once Prometheus has scraped it: the second may start a scrape later
+        if (
+            small
+            and oom
+            and small["peak_memory_mib"]
+            and small["mean_utilization"] is not None
+            and small["replicas"] >= 2
+        ):
             return rows
         return None
 
-    rows = wait_until(report, 120, what="measured rows for both workloads")
+    rows = wait_until(report, 120, what="measured rows for both workloads, both replicas of one")
     small, oom = rows["h100-small"], rows["oom"]
     assert small["current_slice"] == "gpu-h100" and small["replicas"] == 2
     assert abs(small["peak_memory_mib"] - 12288) < 1
