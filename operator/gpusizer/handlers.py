@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -60,6 +61,8 @@ DECISION_GRACE_SECONDS = 30.0  # a decision under way when kopf stops its daemon
 # exiting on SIGTERM (e2e/tests/test_faults.py). Each attempt now gives up after this long
 # (urllib3 tries reads and PUTs up to four times) unless the request sets its own limit.
 API_TIMEOUT_SECONDS = 10.0
+# kopf's own requests (finalizers, peering) in flight at once; its watches are not counted.
+KOPF_REQUESTS_AT_ONCE = 16
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,49 @@ def instrument(client: k8s.ApiClient, timeout_seconds: float) -> None:
         return send(method, url, *args, _request_timeout=timeout, **kwargs)
 
     rest.request = instrumented
+
+
+def one_connection_per_request_slot(at_once: int) -> aiohttp.ClientMiddlewareType:
+    """At most `at_once` requests in flight, each read to its end before its slot frees, so
+    its connection goes back to the pool for the next: kopf's pool is unbounded, and adding
+    the finalizers of thousands of new WorkloadSizings at once opened a TLS connection for
+    each, with a 256 KiB read buffer apiece (27 MiB of the operator's peak at 1,000,
+    bench/README.md). Watches stream for hours and pass ungated."""
+    slots = asyncio.Semaphore(at_once)
+
+    async def gated(
+        request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        if request.url.query.get("watch") == "true":
+            return await handler(request)
+        async with slots:
+            response = await handler(request)
+            await response.read()
+            return response
+
+    return gated
+
+
+async def kopf_login(**kwargs: Any) -> kopf.AiohttpSession | None:
+    """kopf's own login through the kubernetes client's configuration, on a session whose
+    requests share `KOPF_REQUESTS_AT_ONCE` connections."""
+    info = kopf.login_via_client(**kwargs)
+    if info is None:
+        return None
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
+        headers=info.as_http_headers(),
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+        middlewares=(one_connection_per_request_slot(KOPF_REQUESTS_AT_ONCE),),
+    )
+    return kopf.AiohttpSession(
+        aiohttp_session=session,
+        server=info.server,
+        default_namespace=info.default_namespace,
+        priority=info.priority,
+        expiration=info.expiration,
+    )
 
 
 def peering_priority(started: float, tiebreak: int | None = None) -> int:
@@ -339,6 +385,8 @@ def register(settings: OperatorSettings) -> None:
             config.prometheus.url,
             config.sync_period_seconds,
         )
+
+    kopf.on.login(id="login")(kopf_login)
 
     @kopf.on.cleanup()
     async def drop_queued_work(memo: kopf.Memo, **_: Any) -> None:
