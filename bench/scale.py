@@ -159,13 +159,13 @@ def ready_deployments(apps: Any, names: set[str]) -> int:
     return sum(1 for d in items if d.metadata.name in names and (d.status.ready_replicas or 0) >= 1)
 
 
-def decided(custom: Any, names: set[str]) -> tuple[int, int]:
-    """How many of the WorkloadSizings have been decided, and how many of those have known
-    metrics."""
+def decided(custom: Any, names: set[str]) -> tuple[int, int, int]:
+    """How many of the WorkloadSizings have been decided, how many of those have known
+    metrics, and how many carry kopf's finalizer (its first handling of the object done)."""
     items = custom.list_namespaced_custom_object(
         "gpusizer.io", "v1alpha1", NAMESPACE, "workloadsizings", label_selector=f"{LABEL}=scale"
     )["items"]
-    done = known = 0
+    done = known = finalized = 0
     for obj in items:
         if obj["metadata"]["name"] not in names:
             continue
@@ -173,7 +173,8 @@ def decided(custom: Any, names: set[str]) -> tuple[int, int]:
         metrics = [c for c in conditions if c["type"] == "MetricsAvailable"]
         done += bool(metrics)
         known += any(c["status"] == "True" for c in metrics)
-    return done, known
+        finalized += bool(obj["metadata"].get("finalizers"))
+    return done, known, finalized
 
 
 def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> int:
@@ -192,12 +193,17 @@ def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> int:
     )
     log(f"{size} Deployments ready after {time.monotonic() - started:.0f}s")
     apply_list(cluster, [workload_sizing(n) for n in names])
-    counts = (0, 0)
+    counts = (0, 0, 0)
+    all_decided: float | None = None
 
     def settled() -> bool:
-        nonlocal counts
+        """Decided, and kopf done with the new objects: its backlog of finalizer patches
+        and their events would otherwise run into the measured window (bench/README.md)."""
+        nonlocal counts, all_decided
         counts = decided(custom, everyone)
-        return counts[0] == size and counts[1] >= 0.99 * size
+        if counts[0] == size and all_decided is None:
+            all_decided = time.monotonic() - started
+        return counts[0] == size and counts[1] >= 0.99 * size and counts[2] == size
 
     try:
         wait_for(settled, timeout=300 + size * 0.2, what="decisions", interval=5)
@@ -206,8 +212,9 @@ def grow(cluster: Cluster, apps: Any, custom: Any, have: int, size: int) -> int:
             raise
     # under load some readings go missing (scrape or query timeouts): measured, and said
     log(
-        f"{counts[0]} WorkloadSizings decided after {time.monotonic() - started:.0f}s, "
-        f"{counts[1]} with known metrics"
+        f"{counts[0]} WorkloadSizings decided after {all_decided:.0f}s, "
+        f"{counts[1]} with known metrics, {counts[2]} with kopf's finalizer after "
+        f"{time.monotonic() - started:.0f}s"
     )
     return counts[1]
 
