@@ -134,9 +134,10 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--log-format",
-        choices=["json", "plain"],
+        choices=["json", "plain", "full"],
         default=_env("LOG_FORMAT", "json"),
-        help="log line format [GPUSIZER_LOG_FORMAT]",
+        help="log line format: json, plain (the message), or full (plain after the time, logger "
+        "and level) [GPUSIZER_LOG_FORMAT]",
     )
     p.add_argument(
         "--log-level",
@@ -319,7 +320,7 @@ def configure_logging(log_format: str, log_level: str) -> None:
     import kopf
 
     kopf.configure(
-        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
+        log_format=kopf.LogFormat[log_format.upper()],
         log_prefix=None,
         verbose=log_level == "debug",
         quiet=log_level in ("warning", "error"),

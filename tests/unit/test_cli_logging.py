@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -37,14 +38,20 @@ def restore_logging() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("restore_logging")
-@pytest.mark.parametrize("log_format", ["plain", "json"])
+@pytest.mark.parametrize("log_format", ["plain", "full", "json"])
 def test_a_line_about_a_workload_names_it(log_format: str) -> None:
     configure_logging(log_format, "info")
     record = _record(logging.INFO, "Scaled: 1 -> 4")
     record.k8s_ref = {"namespace": "llm", "name": "chat", "kind": "WorkloadSizing"}  # kopf's
     line = logging.getLogger().handlers[-1].format(record)
     if log_format == "plain":
-        assert line.endswith("[llm/chat] Scaled: 1 -> 4")
+        assert line == "[llm/chat] Scaled: 1 -> 4"
+    elif log_format == "full":
+        assert re.fullmatch(
+            r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] kopf\.objects +\[INFO +\] "
+            r"\[llm/chat\] Scaled: 1 -> 4",
+            line,
+        ), line
     else:
         parsed = json.loads(line)
         assert parsed["message"] == "Scaled: 1 -> 4"
