@@ -71,6 +71,20 @@ def _read_reshape(target: TargetView) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def _moved(record: Mapping[str, Any]) -> str:
+    to = record.get("to") or {}
+    return f"now on {to.get('slice')} ({to.get('product')}): {record.get('message')}"
+
+
+def _moved_to(state: Mapping[str, Any] | None, current: Slice) -> bool:
+    """Whether the last reshape finished by moving the workload to `current`."""
+    to = (state or {}).get("to") or {}
+    return (state or {}).get("state") == "Done" and (to.get("slice"), to.get("product")) == (
+        current.name,
+        current.product.key,
+    )
+
+
 def current_slice(
     catalog: Catalog,
     pods: Iterable[PodInfo],
@@ -181,6 +195,12 @@ async def right_size(
             Reason.RESHAPE_ROLLED_BACK,
             f"{state.get('message')}; {choice.message}" if state else choice.message,
         )
+    if choice.reason == Reason.NO_MEASUREMENT and _moved_to(state, current):
+        # the move stands, with the recommendation that made it, until the slice is measured
+        out.recommendation = None
+        out.condition = ConditionState(
+            ConditionType.RIGHT_SIZED, True, Reason.RIGHT_SIZED, _moved(state or {})
+        )
     best = choice.recommended
     if not (choice.apply and best is not None and rs.mode == Mode.AUTO and may_act):
         return out
@@ -264,7 +284,7 @@ async def _follow_reshape(
         await targets.annotate(
             namespace, spec.target_ref, {RESHAPE_ANNOTATION: json.dumps(record, sort_keys=True)}
         )
-        moved = f"now on {to.get('slice')} ({to.get('product')}): {detail}"
+        moved = _moved(record)
         out.events.append(EventIntent("Normal", EventReason.RESHAPED, moved))
         out.condition = ConditionState(ConditionType.RIGHT_SIZED, True, Reason.RIGHT_SIZED, moved)
         out.reshaping = False
