@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -191,7 +191,7 @@ class Operator:
             "--health-address",
             f"127.0.0.1:{self.health_port}",
             "--log-format",
-            "plain",
+            "full",
             *self.extra_args,
         ]
         with log_path.open("wb") as log:
@@ -274,6 +274,20 @@ def stop_operators() -> list[Operator]:
     return running
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with what each running operator logged last: CI keeps
+    only the output, and the logs go with the cluster."""
+    report = yield
+    if report.failed:
+        for op in Operator.started:
+            if op.running() and op.logs:
+                report.sections.append((f"{op.logs[-1]} (last 80 lines)", op.log_tail(80)))
+    return report
+
+
 @pytest.fixture(scope="session")
 def manifests(cluster: Cluster) -> Cluster:
     """The CRD and RBAC from deploy/, applied once."""
@@ -350,15 +364,20 @@ class Workloads:
     def wait_condition(
         self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 90
     ) -> dict[str, Any]:
+        seen: list[dict[str, Any] | None] = [None]
+
         def matches() -> dict[str, Any] | None:
-            c = self.condition(name, type_)
+            c = seen[0] = self.condition(name, type_)
             if c and c["status"] == status and (reason is None or c["reason"] == reason):
                 return c
             return None
 
-        found: dict[str, Any] = wait_until(
-            matches, timeout=timeout, what=f"{name} {type_}={status} {reason or ''}"
-        )
+        try:
+            found: dict[str, Any] = wait_until(
+                matches, timeout=timeout, what=f"{name} {type_}={status} {reason or ''}"
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; last seen: {seen[0]}") from None
         return found
 
     def event_reasons(self, name: str) -> list[str]:
