@@ -22,6 +22,9 @@ _WORKLOAD = re.compile(
 )
 
 
+_NAMESPACE = re.compile(r"^/v1/workloads/([a-z0-9][a-z0-9.-]*)$")
+
+
 class BadRequest(Exception):
     """A client error; the message names the offending field."""
 
@@ -92,6 +95,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path}")
                 return
             self._json(200, self.server.sim.describe((match.group(1), match.group(2))))
+
+    def do_DELETE(self) -> None:
+        match = _NAMESPACE.match(self.path)
+        if match is None:
+            self._error(HTTPStatus.NOT_FOUND, f"no such path DELETE {self.path}")
+            return
+        self._json(200, {"forgotten": self.server.sim.forget_namespace(match.group(1))})
 
     def do_PUT(self) -> None:
         self._write("/load")

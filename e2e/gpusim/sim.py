@@ -116,6 +116,15 @@ class Simulator:
         with self._lock:
             self.model.set_rate(key, ConstantRate(rps))
 
+    def forget_namespace(self, namespace: str) -> list[str]:
+        """Drop the demand and backlog of every workload of a namespace (their names): a
+        namespace created again starts without what its predecessor's workloads queued."""
+        with self._lock:
+            gone = [key for key in self.model.workloads if key[0] == namespace]
+            for key in gone:
+                del self.model.workloads[key]
+        return sorted(name for _, name in gone)
+
     def replay(self, key: WorkloadKey, trace: Path, speedup: float, scale: float) -> float:
         """Start a trace now; returns how long the replay lasts in wall seconds."""
         parsed = load_trace(trace)

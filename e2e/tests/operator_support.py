@@ -312,8 +312,12 @@ class Workloads:
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster = cluster
         self.namespace = namespace
-        # a rerun on a reused cluster starts from an empty namespace
+        # a rerun on a reused cluster starts from an empty namespace, and without the demand
+        # and queue the emulator kept for its workloads (a backlog saturates the new pods)
         cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true")
+        requests.delete(
+            f"{cluster.gpusim_url}/v1/workloads/{namespace}", timeout=10
+        ).raise_for_status()
         cluster.kubectl("create", "namespace", namespace)
 
     def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:

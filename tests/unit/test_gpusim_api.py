@@ -123,6 +123,19 @@ def test_set_load_and_describe(api: Harness) -> None:
     assert api.source.readied == ["chat-1"]
 
 
+def test_forgetting_a_namespace_drops_its_demand_and_backlog(api: Harness) -> None:
+    api.call("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": 2.0})
+    api.call("PUT", "/v1/workloads/other/chat/load", {"requestsPerSecond": 1.0})
+    api.advance(3)  # not ready yet: 6 requests wait at the gateway
+    assert api.call("GET", "/v1/workloads/llm/chat")[1]["gatewayPending"] == pytest.approx(6.0)
+    assert api.call("DELETE", "/v1/workloads/llm") == (200, {"forgotten": ["chat"]})
+    api.advance(3)
+    body = api.call("GET", "/v1/workloads/llm/chat")[1]
+    assert body["requestsPerSecond"] == 0 and body["gatewayPending"] == 0
+    assert api.call("GET", "/v1/workloads/other/chat")[1]["requestsPerSecond"] == 1.0
+    assert api.call("DELETE", "/v1/workloads/llm/chat")[0] == 404
+
+
 def test_replay(api: Harness, tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("timestamp_s,requests\n0,100\n10,0\n")
