@@ -76,13 +76,14 @@ def _moved(record: Mapping[str, Any]) -> str:
     return f"now on {to.get('slice')} ({to.get('product')}): {record.get('message')}"
 
 
-def _moved_to(state: Mapping[str, Any] | None, current: Slice) -> bool:
-    """Whether the last reshape finished by moving the workload to `current`."""
-    to = (state or {}).get("to") or {}
-    return (state or {}).get("state") == "Done" and (to.get("slice"), to.get("product")) == (
-        current.name,
-        current.product.key,
-    )
+def _finished_move_to(state: Mapping[str, Any] | None, current: Slice) -> str | None:
+    """What the last reshape said, if it finished by moving the workload to `current`."""
+    if state is None or state.get("state") != "Done":
+        return None
+    to = state.get("to") or {}
+    if (to.get("slice"), to.get("product")) != (current.name, current.product.key):
+        return None
+    return _moved(state)
 
 
 def current_slice(
@@ -195,11 +196,12 @@ async def right_size(
             Reason.RESHAPE_ROLLED_BACK,
             f"{state.get('message')}; {choice.message}" if state else choice.message,
         )
-    if choice.reason == Reason.NO_MEASUREMENT and _moved_to(state, current):
+    moved_here = _finished_move_to(state, current)
+    if choice.reason == Reason.NO_MEASUREMENT and moved_here is not None:
         # the move stands, with the recommendation that made it, until the slice is measured
         out.recommendation = None
         out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED, True, Reason.RIGHT_SIZED, _moved(state or {})
+            ConditionType.RIGHT_SIZED, True, Reason.RIGHT_SIZED, moved_here
         )
     best = choice.recommended
     if not (choice.apply and best is not None and rs.mode == Mode.AUTO and may_act):
