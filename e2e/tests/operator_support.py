@@ -275,9 +275,7 @@ def stop_operators() -> list[Operator]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport() -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failed test's report ends with what each running operator logged last: CI keeps
     only the output, and the logs go with the cluster."""
     report = yield
