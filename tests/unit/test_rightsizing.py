@@ -146,6 +146,12 @@ async def test_once_measured_the_new_slice_is_judged_on_its_own_samples() -> Non
             "nvidia.com/gpu",
             WHOLE_NODE,
         ),
+        # on the slice a rolled-back move aimed at (put there by hand): no move of ours stands
+        (
+            reshape_record("RolledBack", "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
+            "nvidia.com/mig-2g.20gb",
+            MIG_NODE,
+        ),
     ],
 )
 async def test_without_a_finished_move_to_it_an_unmeasured_slice_is_unknown(
