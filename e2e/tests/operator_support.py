@@ -366,10 +366,11 @@ class Workloads:
     def wait_condition(
         self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 90
     ) -> dict[str, Any]:
-        seen: list[dict[str, Any] | None] = [None]
+        seen: dict[str, Any] | None = None
 
         def matches() -> dict[str, Any] | None:
-            c = seen[0] = self.condition(name, type_)
+            nonlocal seen
+            c = seen = self.condition(name, type_)
             if c and c["status"] == status and (reason is None or c["reason"] == reason):
                 return c
             return None
@@ -379,7 +380,7 @@ class Workloads:
                 matches, timeout=timeout, what=f"{name} {type_}={status} {reason or ''}"
             )
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; last seen: {seen[0]}") from None
+            raise TimeoutError(f"{exc}; last seen: {seen}") from None
         return found
 
     def event_reasons(self, name: str) -> list[str]:
