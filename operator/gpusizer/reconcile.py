@@ -96,12 +96,17 @@ Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes 
 
 
 class CycleClock:
-    """One snapshot per sync period, handed to every workload the moment it arrives.
+    """One snapshot per read period, handed to every workload the moment it arrives.
 
     Each workload waits here for the next cycle instead of running on a timer of its own: with
     timers a change waited up to a period for the shared snapshot and up to another for the
     workload's own tick (bench/scale.py). Nothing is fetched while no workload listens (a
     replica paused behind its peer).
+
+    A workload decides on every `decide_every`-th cycle (one sync period's worth of reads) and
+    on any cycle in which it changed: reading more often than deciding everyone is what lets a
+    load change be acted on within a read period at 5,000 workloads, where deciding all of them
+    takes most of a 5 s period (bench/scale.py `cycle_s`).
 
     A cycle wakes every workload at once and most decisions never wait, so one pass of the
     event loop would run all of them back to back (seconds at 5,000 workloads) while the
@@ -115,9 +120,11 @@ class CycleClock:
         fetch: Callable[[], Awaitable[Cycle]],
         period_seconds: float,
         monotonic: Callable[[], float] = time.monotonic,
+        decide_every: int = 1,
     ) -> None:
         self._fetch = fetch
         self._period = period_seconds
+        self._decide_every = decide_every
         self._monotonic = monotonic  # for a cycle's age
         self._turn_taken = False
         # workloads waiting for their turn, each with what says whether a cycle is urgent to it
@@ -170,26 +177,43 @@ class CycleClock:
             self._listeners -= 1
 
     async def cycles(
-        self, until: asyncio.Future[Any], urgent: Urgency = lambda _: False
+        self,
+        until: asyncio.Future[Any],
+        urgent: Urgency = lambda _: False,
+        changed: Callable[[Cycle], bool] = lambda _: False,
     ) -> AsyncIterator[Cycle]:
-        """Every cycle from now on, until `until` is done, the turn taken ahead of the others
-        when `urgent` says so. One that arrives while the caller is still busy with the
-        previous is skipped for the newest. The first is the latest if it is at most a period
-        old: after a pause it may be hours old.
+        """The cycles to decide on from now on, until `until` is done: every `decide_every`-th
+        since the last one decided on, and any in which `changed` says the workload changed,
+        the turn taken ahead of the others when `urgent` says so. One that arrives while the
+        caller is still busy with the previous is skipped for the newest, which is then decided
+        on: what changed in the skipped one is not in the newest's changes. The first is the
+        latest if it is at most a period old: after a pause it may be hours old.
 
         No cycle is kept here while waiting, for a turn or for the next cycle: every waiting
         workload held the one it last saw, and each cycle's snapshot with it (up to seven snapshots
         alive during the first round at 1,000 workloads, bench/README.md)."""
-        seen = 0
+        decided = looked = 0  # the numbers of the cycles last decided on and last looked at
         while not until.done():
-            if self._latest is not None and self._number > seen and (seen or not self._stale()):
-                await self._turn(urgent)
-                if until.done():
-                    return
-                # the newest: another may have come while this workload waited for its turn
-                seen = self._number
-                yield self._latest
-                continue
+            if (
+                self._latest is not None
+                and self._number > looked
+                and (decided or not self._stale())
+            ):
+                skipped = self._number > looked + 1
+                looked = self._number
+                if (
+                    not decided
+                    or skipped
+                    or looked - decided >= self._decide_every
+                    or changed(self._latest)
+                ):
+                    await self._turn(urgent)
+                    if until.done():
+                        return
+                    # the newest: another may have come while this workload waited for its turn
+                    decided = looked = self._number
+                    yield self._latest
+                    continue
             await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
 
     async def _turn(self, urgent: Urgency) -> None:

@@ -113,6 +113,53 @@ async def test_every_listener_gets_each_cycle_once(stop: asyncio.Future[None]) -
     assert decided.empty()
 
 
+async def test_a_workload_that_did_not_change_decides_once_per_sync_period(
+    stop: asyncio.Future[None],
+) -> None:
+    # three reads per sync period: the steady workload decides on the first cycle and every
+    # third after it, the other also on the cycles in which it changed
+    clock = CycleClock(Fetches(), period_seconds=3600, decide_every=3)
+    changes_at = {4.0, 5.0}
+    decided: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
+
+    async def listen(name: str, changed: Callable[[Cycle], bool]) -> None:
+        with clock.listening():
+            async for each in clock.cycles(until=stop, changed=changed):
+                decided.put_nowait((name, each.snapshot.time))
+
+    listeners = [
+        asyncio.create_task(listen("steady", lambda _: False)),
+        asyncio.create_task(listen("moving", lambda c: c.snapshot.time in changes_at)),
+    ]
+    for number in range(1, 9):
+        clock.publish(cycle(number))
+        await steps_taken()
+        await steps_taken()  # the second's turn comes a pass after the first's
+    stop.set_result(None)
+    await asyncio.wait_for(asyncio.gather(*listeners), timeout=10)
+    got: dict[str, list[float]] = {"steady": [], "moving": []}
+    while not decided.empty():
+        name, number = decided.get_nowait()
+        got[name].append(number)
+    assert got["steady"] == [1.0, 4.0, 7.0]
+    # a decision on a changed cycle starts the count again
+    assert got["moving"] == [1.0, 4.0, 5.0, 8.0]
+
+
+async def test_a_workload_busy_while_it_changed_decides_on_the_newest_cycle(
+    stop: asyncio.Future[None],
+) -> None:
+    # cycle 2 moved its readings, cycle 3 (compared with 2) did not: both came while it was
+    # still deciding on cycle 1
+    clock = CycleClock(Fetches(), period_seconds=3600, decide_every=10)
+    clock.publish(cycle(1))
+    cycles = clock.cycles(until=stop, changed=lambda c: c.snapshot.time == 2.0)
+    assert (await anext(cycles)).snapshot.time == 1.0
+    clock.publish(cycle(2))
+    clock.publish(cycle(3))
+    assert (await asyncio.wait_for(anext(cycles), timeout=10)).snapshot.time == 3.0
+
+
 async def test_a_cycle_says_how_many_workloads_decide_on_it(stop: asyncio.Future[None]) -> None:
     clock = CycleClock(Fetches(), period_seconds=3600)
     with clock.listening(), clock.listening():
