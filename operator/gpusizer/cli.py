@@ -14,6 +14,9 @@ ENV_PREFIX = "GPUSIZER_"
 # `recommend` lists every pod of the cluster in one request: a large cluster's list can take
 # longer than the operator's per-request limit to start arriving
 FLEET_LIST_TIMEOUT_SECONDS = 120.0
+# A scrape interval often used for GPU and inference-server metrics: reading more often than
+# they change costs queries and finds nothing new.
+DEFAULT_READ_PERIOD_SECONDS = 5.0
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -109,6 +112,14 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between decisions for each workload [GPUSIZER_SYNC_PERIOD]",
     )
     p.add_argument(
+        "--read-period",
+        type=float,
+        default=_env("READ_PERIOD"),  # argparse converts a string default with `type`
+        help="seconds between reads of the metrics; a workload whose GPU utilisation or "
+        "queue moved, or whose spec changed, is decided on the next read, not at its next "
+        "sync period; default: 5, or the sync period if shorter [GPUSIZER_READ_PERIOD]",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=int(_env("METRICS_PORT", "8080") or 8080),
@@ -165,6 +176,19 @@ def pin_malloc_mmap_threshold() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES))
 
 
+def read_period_seconds(read_period: float | None, sync_period: float) -> float:
+    """`--read-period`, or its default; ValueError naming both flags when it is not in
+    (0, sync period]: a read less often than the decisions would leave them nothing new."""
+    if read_period is None:
+        read_period = min(DEFAULT_READ_PERIOD_SECONDS, sync_period)
+    if not 0 < read_period <= sync_period:
+        raise ValueError(
+            f"--read-period ({read_period:g}) must be above 0 and at most "
+            f"--sync-period ({sync_period:g})"
+        )
+    return read_period
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -177,6 +201,11 @@ def _run(args: argparse.Namespace) -> int:
             "gpusizer run: --prometheus-url (or GPUSIZER_PROMETHEUS_URL) is required",
             file=sys.stderr,
         )
+        return 2
+    try:
+        read_period = read_period_seconds(args.read_period, args.sync_period)
+    except ValueError as exc:
+        print(f"gpusizer run: {exc}", file=sys.stderr)
         return 2
     basic_auth = None
     if args.prometheus_basic_auth_user:
@@ -201,6 +230,7 @@ def _run(args: argparse.Namespace) -> int:
             label=args.tenant_label, allow_cross_namespace=args.allow_cross_namespace_queries
         ),
         sync_period_seconds=args.sync_period,
+        read_period_seconds=read_period,
         metrics_port=args.metrics_port,
         peering=args.peering,
         catalog_file=args.catalog_file,

@@ -200,6 +200,7 @@ def test_helm_lint_variants(values: dict[str, str]) -> None:
         ),
         ({"metrics.serviceMonitor.interval": '"often"'}, "interval"),
         ({"syncPeriodSeconds": "0"}, "syncPeriodSeconds"),
+        ({"readPeriodSeconds": "0"}, "readPeriodSeconds"),
         ({"queries.tenantLabel": '"not a label"'}, "tenantLabel"),
     ],
 )
@@ -207,6 +208,20 @@ def test_schema_rejects_bad_values(values: dict[str, str], complaint: str) -> No
     result = helm("template", RELEASE, str(CHART), *set_args(values), check=False)
     assert result.returncode != 0, f"accepted {values}"
     assert "schema" in result.stderr and complaint in result.stderr, result.stderr
+
+
+def test_the_read_period_is_passed_and_may_not_exceed_the_sync_period() -> None:
+    assert "--read-period=2.5" in container(render(readPeriodSeconds="2.5"))["args"]
+    assert not any(a.startswith("--read-period") for a in container(render())["args"])
+    result = helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        *set_args({"readPeriodSeconds": "20", "syncPeriodSeconds": "15"}),
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "readPeriodSeconds must be at most syncPeriodSeconds" in result.stderr
 
 
 def test_default_render_matches_deploy_manifests() -> None:
@@ -278,6 +293,7 @@ def _run_flags() -> set[str]:
             "prometheus.ca.configMapName": '"ca"',
             "queries.allowCrossNamespace": "true",
             "queries.tenantLabel": '"exported_namespace"',
+            "readPeriodSeconds": "2.5",
         },
     ],
     ids=["default", "everything"],

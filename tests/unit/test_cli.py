@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import gpusizer
+import pytest
+from gpusizer.cli import build_parser, read_period_seconds
 
 
 def _in_a_fresh_interpreter(code: str) -> str:
@@ -56,3 +58,25 @@ kept = bytearray(6 << 20)
 print(mallinfo2().hblkhd >> 20)
 """
     assert int(_in_a_fresh_interpreter(probe)) >= 6
+
+
+@pytest.mark.parametrize(
+    ("read", "sync", "expected"),
+    [(None, 15.0, 5.0), (None, 2.0, 2.0), (2.5, 5.0, 2.5), (5.0, 5.0, 5.0)],
+)
+def test_the_read_period_defaults_to_5_s_or_the_sync_period(
+    read: float | None, sync: float, expected: float
+) -> None:
+    assert read_period_seconds(read, sync) == expected
+
+
+@pytest.mark.parametrize(("read", "sync"), [(6.0, 5.0), (0.0, 5.0), (-1.0, 5.0), (None, 0.0)])
+def test_a_read_period_out_of_range_names_both_flags(read: float | None, sync: float) -> None:
+    with pytest.raises(ValueError, match=r"--read-period .* at most --sync-period"):
+        read_period_seconds(read, sync)
+
+
+def test_the_read_period_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSIZER_READ_PERIOD", "2.5")
+    args = build_parser().parse_args(["run"])
+    assert args.read_period == 2.5

@@ -74,6 +74,19 @@ def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None
     assert workload.urgent(moved)
 
 
+def test_a_workload_changed_when_a_pod_it_read_moved_or_its_spec_changed() -> None:
+    raw: dict[str, Any] = {"metadata": {"generation": 3}}
+    body = kopf.Body(raw)
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", body, logger, pods=(("ns", "chat-0"),), generation=3)
+    still = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "other-0")}))
+    moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-0")}))
+    assert not workload.changed(still)
+    assert workload.changed(moved)
+    raw["metadata"]["generation"] = 4  # kopf keeps the body current from the watch
+    assert workload.changed(still)
+
+
 class FirstWriteWaits:
     """A status writer whose first write waits until released, as one does behind thousands
     of others queued for the worker threads."""
