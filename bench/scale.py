@@ -5,7 +5,7 @@ Deployments of one GPU replica and their WorkloadSizings, waits until every repl
 every WorkloadSizing has been decided, then measures:
 
 - change-to-write latency: the load of a sample of workloads is raised in the emulator (spread
-  over one scrape interval plus one sync period, so every phase is sampled) and one watch on the
+  over one scrape interval plus one read period, so every phase is sampled) and one watch on the
   Deployments records when each one's spec.replicas changes (p50, p95);
 - cycle: the time to decide every workload once, N / (decisions per second), from the
   operator's gpusizer_reconcile_duration_seconds_count;
@@ -43,6 +43,8 @@ from hostinfo import machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from gpusizer.cli import read_period_seconds  # noqa: E402
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
 from e2e.tests.operator_support import (  # noqa: E402
@@ -313,6 +315,10 @@ def percentile(values: list[float], q: float) -> float:
 # --- one size ---------------------------------------------------------------------------------
 
 
+def read_period(args: argparse.Namespace) -> float:
+    return read_period_seconds(args.read_period, args.sync_period)
+
+
 def measure(
     cluster: Cluster, op: Operator, apps: Any, size: int, have: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -362,7 +368,7 @@ def measure(
     fresh = list(range(have, size)) or list(range(size))
     picks = random.Random(size).sample(fresh, min(args.sample, len(fresh)))
     samples = [workload_name(i) for i in picks]
-    delays, missed = latency(cluster, apps, samples, SCRAPE_SECONDS + args.sync_period)
+    delays, missed = latency(cluster, apps, samples, SCRAPE_SECONDS + read_period(args))
     result = {
         "p50_s": round(percentile(delays, 0.5), 2),
         "p95_s": round(percentile(delays, 0.95), 2),
@@ -435,6 +441,9 @@ def main() -> int:
     )
     p.add_argument("--sync-period", type=float, default=5.0, help="the operator's --sync-period")
     p.add_argument(
+        "--read-period", type=float, help="the operator's --read-period (default: its own)"
+    )
+    p.add_argument(
         "--operator-scrape-interval",
         default="30s",
         help="Prometheus scrape interval of the operator's /metrics (the chart's default: 30s)",
@@ -491,6 +500,8 @@ def main() -> int:
             sync_period=args.sync_period,
             scrape=True,
             scrape_interval=args.operator_scrape_interval,
+            # None, unless given: an operator from before the flag (--operator-path) can run
+            read_period=args.read_period,
             extra_args=["--prometheus-timeout", str(args.prometheus_timeout)],
         )
         op.start()
@@ -520,7 +531,8 @@ def main() -> int:
             run_script("cluster-down.sh", state_dir)
     print(f"\nmachine: {json.dumps(machine())}")
     print(
-        f"sync period {args.sync_period}s, scrape interval {SCRAPE_SECONDS}s, "
+        f"sync period {args.sync_period}s, read period {read_period(args)}s, "
+        f"scrape interval {SCRAPE_SECONDS}s, "
         f"operator scraped every {args.operator_scrape_interval}\n"
     )
     print(table(results))

@@ -152,6 +152,9 @@ class Operator:
     workdir: Path
     name: str = "operator"
     sync_period: float = 2.0
+    # half the sync period: every test also runs the decisions between sync periods; None
+    # leaves the operator's default
+    read_period: float | None = 1.0
     prometheus_url: str | None = None
     api_server: str | None = None
     extra_args: list[str] = field(default_factory=list)
@@ -186,6 +189,7 @@ class Operator:
             "3",
             "--sync-period",
             str(self.sync_period),
+            *(["--read-period", str(self.read_period)] if self.read_period else []),
             "--metrics-port",
             str(self.metrics_port),
             "--health-address",
