@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpusizer.cli import read_period_seconds  # noqa: E402
+from gpusizer.signals.join import MOVE_FRACTION  # noqa: E402
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
 from e2e.tests.operator_support import (  # noqa: E402
@@ -285,7 +286,8 @@ def set_load(gpusim_url: str, name: str, rps: float) -> None:
 
 def latency(
     cluster: Cluster, apps: Any, samples: list[str], spread: float
-) -> tuple[list[float], list[str]]:
+) -> tuple[dict[str, float], dict[str, float]]:
+    """When each sample's load changed, and when its spec.replicas did (if it did)."""
     watcher = ReplicaWatch(apps, set(samples))
     changed_at: dict[str, float] = {}
     t0 = time.time()
@@ -300,9 +302,33 @@ def latency(
         watcher.stop()
         for name in samples:
             set_load(cluster.gpusim_url, name, 0)
-    delays = [watcher.changed[n] - changed_at[n] for n in samples if n in watcher.changed]
-    missed = [n for n in samples if n not in watcher.changed]
-    return delays, missed
+    return changed_at, dict(watcher.changed)
+
+
+def first_scraped(prometheus_url: str, changed_at: dict[str, float]) -> dict[str, float]:
+    """The timestamp of the first scraped GPU utilisation sample of each workload's pod that
+    shows its load change (moved as the operator counts a move): splits change-to-write into
+    the emulator and the scrape, and what comes after, the operator's part."""
+    pods = f'namespace="{NAMESPACE}",pod=~"({"|".join(changed_at)})-.*"'
+    since = max(0, math.ceil(time.time() - min(changed_at.values())) + 60)
+    answer = requests.get(
+        f"{prometheus_url}/api/v1/query",
+        params={"query": f"DCGM_FI_DEV_GPU_UTIL{{{pods}}}[{since}s]"},
+        timeout=30,
+    ).json()
+    seen: dict[str, float] = {}
+    for series in answer["data"]["result"]:
+        name = series["metric"]["pod"].split("-", 1)[0]
+        points = [(float(t), float(v)) for t, v in series["values"]]
+        before = [v for t, v in points if t < changed_at[name]]
+        if not before:
+            continue  # a pod started by the scale-up
+        for t, v in points:
+            moved = abs(v - before[-1]) > MOVE_FRACTION * max(v, before[-1], 1.0)
+            if t >= changed_at[name] and moved:
+                seen[name] = min(t, seen.get(name, t))
+                break
+    return seen
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -368,10 +394,18 @@ def measure(
     fresh = list(range(have, size)) or list(range(size))
     picks = random.Random(size).sample(fresh, min(args.sample, len(fresh)))
     samples = [workload_name(i) for i in picks]
-    delays, missed = latency(cluster, apps, samples, SCRAPE_SECONDS + read_period(args))
+    changed_at, written_at = latency(cluster, apps, samples, SCRAPE_SECONDS + read_period(args))
+    scraped_at = first_scraped(cluster.prometheus_url, changed_at)
+    delays = [written_at[n] - changed_at[n] for n in written_at]
+    to_scrape = [scraped_at[n] - changed_at[n] for n in written_at if n in scraped_at]
+    after_scrape = [written_at[n] - scraped_at[n] for n in written_at if n in scraped_at]
     result = {
         "p50_s": round(percentile(delays, 0.5), 2),
         "p95_s": round(percentile(delays, 0.95), 2),
+        "scraped_p50_s": round(percentile(to_scrape, 0.5), 2),
+        "scraped_p95_s": round(percentile(to_scrape, 0.95), 2),
+        "after_scrape_p50_s": round(percentile(after_scrape, 0.5), 2),
+        "after_scrape_p95_s": round(percentile(after_scrape, 0.95), 2),
         "cycle_s": round(size * (t1 - t0) / decisions, 2) if decisions else math.nan,
         "cpu_cores": round((c1 - c0) / (t1 - t0), 3),
         "rss_mib": round(rss_mib(pid, "VmHWM"), 1),
@@ -392,7 +426,7 @@ def measure(
         },
         "reconcile_ms": round(reconcile_ms, 2),
         "samples": len(samples),
-        "missed": missed,
+        "missed": [n for n in samples if n not in written_at],
         "window_s": round(t1 - t0, 1),
     }
     if profile is not None:
@@ -414,6 +448,10 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
         ("size", "{}"),
         ("p50_s", "{:.1f}"),
         ("p95_s", "{:.1f}"),
+        ("scraped_p50_s", "{:.1f}"),
+        ("scraped_p95_s", "{:.1f}"),
+        ("after_scrape_p50_s", "{:.1f}"),
+        ("after_scrape_p95_s", "{:.1f}"),
         ("cycle_s", "{:.1f}"),
         ("cpu_cores", "{:.2f}"),
         ("rss_mib", "{:.0f}"),
