@@ -97,9 +97,11 @@ Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes 
 
 # After a read that found new samples the next one comes this much of a period early, so the
 # reads drift towards the moment the scrape lands; one that comes too early (nothing new) is
-# not handed out and is made again this much of a period later.
+# not handed out and is made again this much of a period later. The retry is shorter than two
+# leads: with a read period of half the scrape interval, a fresh read, a read too early and its
+# retry would otherwise add up to one scrape interval and keep the phase where it is.
 READ_LEAD = 0.1
-READ_RETRY = 0.2
+READ_RETRY = 0.15
 
 
 def read_plan(period: float, news: bool, since_handed_out: float) -> tuple[bool, float]:
