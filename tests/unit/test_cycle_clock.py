@@ -424,3 +424,31 @@ def test_reads_drift_to_the_scrape_and_a_period_without_news_is_handed_out_anywa
     news: bool, since: float, expected: tuple[bool, float]
 ) -> None:
     assert read_plan(5.0, news, since) == expected
+
+
+async def test_a_read_that_finds_nothing_new_is_not_handed_out(stop: asyncio.Future[None]) -> None:
+    # the clock's own beat, in real time: the second read comes 0.9 of a period after the
+    # first, 0.2 s before a period has passed, and finds the samples of the first
+    reads = iter([scraped_at(100.0), scraped_at(100.0), scraped_at(105.0)])
+    fetched: list[float] = []
+
+    async def fetch() -> Cycle:
+        cycle = next(reads)
+        fetched.append(cycle.snapshot.time)
+        return cycle
+
+    clock = CycleClock(fetch, period_seconds=2.0)
+
+    async def two_decisions() -> list[float]:
+        with clock.listening():
+            got: list[float] = []
+            async for each in clock.cycles(until=stop):
+                got.append(each.snapshot.time)
+                if len(got) == 2:
+                    return got
+        return got
+
+    async with running(clock):
+        got = await asyncio.wait_for(two_decisions(), timeout=30)
+    assert fetched == [100.0, 100.0, 105.0]
+    assert got == [100.0, 105.0]
