@@ -10,7 +10,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -95,27 +94,6 @@ async def fetch_cycle(
 
 Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first
 
-# After a read that found new samples the next one comes this much of a period early, so the
-# reads drift towards the moment the scrape lands; one that comes too early (nothing new) is
-# not handed out and is made again this much of a period later. The retry is shorter than two
-# leads: with a read period of half the scrape interval, a fresh read, a read too early and its
-# retry would otherwise add up to one scrape interval and keep the phase where it is.
-READ_LEAD = 0.1
-READ_RETRY = 0.15
-
-
-def read_plan(period: float, news: bool, since_handed_out: float) -> tuple[bool, float]:
-    """Whether a read is handed out to the workloads, and how long after its start the next
-    read starts.
-
-    At a fixed beat the reads keep one phase to a scrape target's: up to a whole period after
-    its samples land, for as long as the operator runs (bench/scale.py `after_scrape`). A read
-    that finds nothing new is made again soon, and handed out anyway once a period has passed
-    since the last one: a target that stopped must not stop the decisions."""
-    if news or since_handed_out >= period:
-        return True, period * (1 - READ_LEAD)
-    return False, period * READ_RETRY
-
 
 class CycleClock:
     """One snapshot per read period, handed to every workload the moment it arrives.
@@ -160,41 +138,19 @@ class CycleClock:
         self._wanted = asyncio.Event()
 
     async def run(self) -> None:
-        """Fetch about every period while a workload listens (`read_plan`); runs until
-        cancelled."""
+        """Fetch at every period while a workload listens; runs until cancelled."""
         loop = asyncio.get_running_loop()
-        handed_out = -math.inf
         while True:
             if not self._listeners:
                 self._wanted.clear()
                 await self._wanted.wait()
             started = loop.time()
-            next_in = self._period
             try:
-                cycle = await self._fetch()
+                self.publish(await self._fetch())
             except Exception:  # a bug, not an outage (fetch reports those): keep the beat
                 log.exception("fetching the cycle's metrics failed")
-            else:
-                publish, next_in = read_plan(self._period, self.news(cycle), started - handed_out)
-                if publish:
-                    self.publish(cycle)
-                    handed_out = started
-            await asyncio.sleep(max(0.0, next_in - (loop.time() - started)))
-
-    def news(self, cycle: Cycle) -> bool:
-        """Whether `cycle` shows anything the latest did not: a newer sample, or another
-        failure. A cycle without samples counts as news."""
-        if self._latest is None:
-            return True
-        before, after = self._latest, cycle
-        newest, was = after.snapshot.newest_sample(), before.snapshot.newest_sample()
-        return (
-            newest is None
-            or was is None
-            or newest > was
-            or after.snapshot.errors.keys() != before.snapshot.errors.keys()
-            or after.error != before.error
-        )
+            # the beat itself: the next period starts one period after this one did
+            await asyncio.sleep(max(0.0, self._period - (loop.time() - started)))
 
     def publish(self, cycle: Cycle) -> None:
         before = self._latest.snapshot if self._latest is not None else None

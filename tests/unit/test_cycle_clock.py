@@ -10,10 +10,9 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from gpusizer.reconcile import READ_LEAD, READ_RETRY, Cycle, CycleClock, read_plan
-from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.reconcile import Cycle, CycleClock
+from gpusizer.signals.parse import PodSamples, Sample
 from gpusizer.signals.source import GPU_UTIL, Snapshot
-from gpusizer.vocabulary import Reason
 
 
 class Fetches:
@@ -385,70 +384,3 @@ async def test_a_cycle_names_the_pods_whose_readings_moved_since_the_last() -> N
     assert clock._latest is not None and clock._latest.moved == {("ns", "steady"), ("ns", "jumped")}
     clock.publish(cycle_with({"steady": 51.0, "jumped": 60.0}))
     assert clock._latest.moved == {("ns", "jumped")}
-
-
-def scraped_at(*stamps: float, errors: tuple[str, ...] = ()) -> Cycle:
-    samples = {("ns", f"pod-{n}"): Sample(50.0, stamp) for n, stamp in enumerate(stamps)}
-    snapshot = Snapshot(
-        time=max(stamps, default=0.0),
-        signals={GPU_UTIL: PodSamples(samples)},
-        errors={e: Problem(Reason.NO_SAMPLES, "none") for e in errors},
-    )
-    return Cycle(snapshot=snapshot, autoscalers={})
-
-
-def test_the_newest_sample_is_the_latest_scrape_of_any_pod() -> None:
-    assert scraped_at(100.0, 105.0, 101.0).snapshot.newest_sample() == 105.0
-    assert scraped_at().snapshot.newest_sample() is None
-
-
-async def test_a_read_is_news_when_a_sample_is_newer_or_a_failure_changed() -> None:
-    clock = CycleClock(Fetches(), period_seconds=3600)
-    assert clock.news(scraped_at(100.0))  # nothing handed out yet
-    clock.publish(scraped_at(100.0, 95.0))
-    assert not clock.news(scraped_at(100.0, 95.0))  # read again before the next scrape
-    assert clock.news(scraped_at(100.0, 105.0))
-    assert clock.news(scraped_at(100.0, 95.0, errors=("queue:vllm",)))
-    assert clock.news(scraped_at())  # no samples: nothing to compare, so handed out
-
-
-@pytest.mark.parametrize(
-    ("news", "since", "expected"),
-    [
-        (True, 0.0, (True, 5 * (1 - READ_LEAD))),  # the next read a little earlier
-        (False, 4.5, (False, 5 * READ_RETRY)),  # too early for the scrape: again soon
-        (False, 5.0, (True, 5 * (1 - READ_LEAD))),  # a stopped target stops no decision
-    ],
-)
-def test_reads_drift_to_the_scrape_and_a_period_without_news_is_handed_out_anyway(
-    news: bool, since: float, expected: tuple[bool, float]
-) -> None:
-    assert read_plan(5.0, news, since) == expected
-
-
-async def test_a_read_that_finds_nothing_new_is_not_handed_out(stop: asyncio.Future[None]) -> None:
-    # the clock's own beat, in real time: the second read comes 0.9 of a period after the
-    # first, 0.2 s before a period has passed, and finds the samples of the first
-    reads = iter([scraped_at(100.0), scraped_at(100.0), scraped_at(105.0)])
-    fetched: list[float] = []
-
-    async def fetch() -> Cycle:
-        cycle = next(reads)
-        fetched.append(cycle.snapshot.time)
-        return cycle
-
-    clock = CycleClock(fetch, period_seconds=2.0)
-
-    async def two_decisions() -> list[float]:
-        with clock.listening():
-            got: list[float] = []
-            async for each in clock.cycles(until=stop):
-                got.append(each.snapshot.time)
-                if len(got) == 2:
-                    return got
-        return got
-
-    async with running(clock):
-        got = await asyncio.wait_for(two_decisions(), timeout=30)
-    assert fetched == [100.0, 100.0, 105.0]
-    assert got == [100.0, 105.0]

@@ -59,14 +59,6 @@ class Snapshot:
     signals: dict[str, PodSamples] = field(default_factory=dict)
     errors: dict[str, Problem] = field(default_factory=dict)
 
-    def newest_sample(self) -> float | None:
-        """When the newest of its samples was scraped: whether a read found anything the one
-        before had not (CycleClock)."""
-        return max(
-            (s.timestamp for signal in self.signals.values() for s in signal.samples.values()),
-            default=None,
-        )
-
 
 @dataclass(frozen=True)
 class PrometheusSettings:
