@@ -104,9 +104,9 @@ class CycleClock:
     replica paused behind its peer).
 
     A workload decides on every `decide_every`-th cycle (one sync period's worth of reads) and
-    on any cycle in which it changed: reading more often than deciding everyone is what lets a
-    load change be acted on within a read period at 5,000 workloads, where deciding all of them
-    takes most of a 5 s period (bench/scale.py `cycle_s`).
+    on any cycle in which it changed: a load change is acted on at the next read, while the
+    workloads that did not change cost one decision per sync period (at 5,000 workloads one
+    round of decisions takes most of a 5 s period, bench/scale.py `cycle_s`).
 
     A cycle wakes every workload at once and most decisions never wait, so one pass of the
     event loop would run all of them back to back (seconds at 5,000 workloads) while the
