@@ -107,7 +107,7 @@ def main() -> int:
     cluster = start_cluster()
     install_manifests(cluster)
     workdir = Path(tempfile.mkdtemp(prefix="gpusizer-demo-"))
-    operator = Operator(cluster, workdir, sync_period=5.0, read_period=None, scrape=True)
+    operator = Operator(cluster, workdir, sync_period=5.0, scrape=True)
     print(f"== starting the operator as ServiceAccount gpusizer-system/gpusizer (log {workdir})")
     operator.start()
     cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")

@@ -152,9 +152,7 @@ class Operator:
     workdir: Path
     name: str = "operator"
     sync_period: float = 2.0
-    # half the sync period: every test also runs the decisions between sync periods; None
-    # leaves the operator's default
-    read_period: float | None = 1.0
+    read_period: float | None = None  # None: the operator's default
     prometheus_url: str | None = None
     api_server: str | None = None
     extra_args: list[str] = field(default_factory=list)

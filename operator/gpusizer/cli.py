@@ -14,9 +14,6 @@ ENV_PREFIX = "GPUSIZER_"
 # `recommend` lists every pod of the cluster in one request: a large cluster's list can take
 # longer than the operator's per-request limit to start arriving
 FLEET_LIST_TIMEOUT_SECONDS = 120.0
-# A scrape interval often used for GPU and inference-server metrics: reading more often than
-# they change costs queries and finds nothing new.
-DEFAULT_READ_PERIOD_SECONDS = 5.0
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -115,9 +112,10 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--read-period",
         type=float,
         default=_env("READ_PERIOD"),  # argparse converts a string default with `type`
-        help="seconds between reads of the metrics; a workload whose GPU utilisation or "
-        "queue moved, or whose spec changed, is decided on the next read, not at its next "
-        "sync period; default: 5, or the sync period if shorter [GPUSIZER_READ_PERIOD]",
+        help="experimental: seconds between reads of the metrics, at most the sync period; a "
+        "workload whose GPU utilisation or queue moved, or whose spec changed, is decided on "
+        "the next read, not at its next sync period; default: the sync period "
+        "[GPUSIZER_READ_PERIOD]",
     )
     p.add_argument(
         "--metrics-port",
@@ -177,10 +175,11 @@ def pin_malloc_mmap_threshold() -> bool:
 
 
 def read_period_seconds(read_period: float | None, sync_period: float) -> float:
-    """`--read-period`, or its default; ValueError naming both flags when it is not in
-    (0, sync period]: a read less often than the decisions would leave them nothing new."""
+    """`--read-period`, or its default (the sync period: experimental, see
+    docs/concepts.md); ValueError naming both flags when it is not in (0, sync period]: a read
+    less often than the decisions would leave them nothing new."""
     if read_period is None:
-        read_period = min(DEFAULT_READ_PERIOD_SECONDS, sync_period)
+        read_period = sync_period
     if not 0 < read_period <= sync_period:
         raise ValueError(
             f"--read-period ({read_period:g}) must be above 0 and at most "

@@ -71,7 +71,7 @@ class OperatorSettings:
     prometheus: PrometheusSettings
     tenancy: Tenancy = field(default_factory=Tenancy)
     sync_period_seconds: float = 15.0
-    read_period_seconds: float = 5.0  # at most the sync period
+    read_period_seconds: float = 15.0  # at most the sync period
     metrics_port: int = 8080
     peering: str | None = None  # a kopf peering name; None runs standalone
     catalog_file: str | None = None
