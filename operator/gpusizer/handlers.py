@@ -71,13 +71,17 @@ class OperatorSettings:
     prometheus: PrometheusSettings
     tenancy: Tenancy = field(default_factory=Tenancy)
     sync_period_seconds: float = 15.0
-    read_period_seconds: float = 15.0  # at most the sync period
+    read_period_seconds: float | None = None  # at most the sync period; None: the sync period
     metrics_port: int = 8080
     peering: str | None = None  # a kopf peering name; None runs standalone
     catalog_file: str | None = None
     rightsizing_period_seconds: float = 60.0
     reshape_deadline_seconds: float = 600.0
     min_reshape_interval_seconds: float = 3600.0
+
+    @property
+    def read_period(self) -> float:
+        return self.read_period_seconds or self.sync_period_seconds
 
 
 def api_client(timeout_seconds: float = API_TIMEOUT_SECONDS) -> k8s.ApiClient:
@@ -379,12 +383,12 @@ def register(settings: OperatorSettings) -> None:
         lister = AutoscalerLister(client)
         autoscalers: PeriodicCache[None, Mapping[TargetKey, str]] = PeriodicCache(
             lambda _: lister.list(),
-            config.sync_period_seconds - config.read_period_seconds / 2,
+            config.sync_period_seconds - config.read_period / 2,
         )
         memo.clock = CycleClock(
             functools.partial(fetch_cycle, prometheus, functools.partial(autoscalers.get, None)),
-            config.read_period_seconds,
-            decide_every=int(config.sync_period_seconds // config.read_period_seconds),
+            config.read_period,
+            decide_every=int(config.sync_period_seconds // config.read_period),
         )
         memo.clock_task = asyncio.create_task(memo.clock.run())
         # no `_created` twin for each workload's counters: 3,700 series of 34,000 at 5,000
@@ -404,7 +408,7 @@ def register(settings: OperatorSettings) -> None:
             "gpusizer started: prometheus %s, sync every %ss, metrics read every %ss",
             config.prometheus.url,
             config.sync_period_seconds,
-            config.read_period_seconds,
+            config.read_period,
         )
 
     kopf.on.login(id="login")(kopf_login)

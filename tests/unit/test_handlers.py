@@ -62,6 +62,14 @@ def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
     return registry
 
 
+def test_settings_read_every_sync_period_unless_told_otherwise() -> None:
+    prometheus = PrometheusSettings(url="http://prometheus")
+    assert OperatorSettings(prometheus, sync_period_seconds=7).read_period == 7
+    assert (
+        OperatorSettings(prometheus, sync_period_seconds=7, read_period_seconds=2).read_period == 2
+    )
+
+
 def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None:
     body = kopf.Body({})
     logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
