@@ -116,6 +116,19 @@ def test_a_material_change_is_written_at_once_with_the_readings(change: str, val
     assert patch["observation"] == new["observation"]
 
 
+def test_a_reading_that_becomes_known_or_unknown_is_written_at_once() -> None:
+    """Within the refresh period, and with nothing else material: the first samples of a new
+    workload's pods must not wait a minute (or, at 5,000 workloads, 500 s) to show."""
+    unknown = {**_status(4, 0.0, T0), "observation": {"time": iso(T0)}}
+    known = _status(4, 70.0, T0 + 2)
+    lost = {**known, "observation": {"gpuUtilization": None, "time": iso(T0 + 4)}}
+    for old, new, now in ((unknown, known, T0 + 2), (known, lost, T0 + 4)):
+        patch = status_patch(old, new, now, refresh_seconds=60)
+        assert patch.get("observation") == new["observation"]
+    still_lost = {**lost, "lastActiveTime": iso(T0 + 6)}
+    assert status_patch(lost, still_lost, T0 + 6, refresh_seconds=60) == {}
+
+
 def test_nothing_changed_nothing_written() -> None:
     old = _status(2, 50.0, T0)
     assert status_patch(old, old, T0 + 3600, refresh_seconds=60) == {}

@@ -136,12 +136,16 @@ def status_patch(
     The observation, lastActiveTime and the wording of a condition that keeps its status and
     reason move with every reading of the metrics; writing them each cycle would cost one
     PATCH per workload per cycle. They go out with any material change, or once the written
-    observation is `refresh_seconds` old."""
+    observation is `refresh_seconds` old. A reading that becomes known or unknown is material:
+    the observation would otherwise say "no utilisation" for up to a refresh period after the
+    first samples arrived."""
     old = old or {}
     changed = {key: value for key, value in new.items() if old.get(key) != value}
     if not changed:
         return {}
-    material = any(
+    material = _known_readings(old.get("observation")) != _known_readings(
+        new.get("observation")
+    ) or any(
         key not in _VOLATILE
         and (key != "conditions" or _without_messages(old.get(key)) != _without_messages(value))
         for key, value in changed.items()
@@ -149,6 +153,13 @@ def status_patch(
     if material or _observed_before(old, now - refresh_seconds):
         return changed
     return {}
+
+
+def _known_readings(observation: Any) -> frozenset[str]:
+    """The readings an observation has a value for (a merge patch drops the unknown ones)."""
+    if not isinstance(observation, Mapping):
+        return frozenset()
+    return frozenset(k for k, v in observation.items() if k != "time" and v is not None)
 
 
 def _without_messages(conditions: Any) -> list[Any]:
