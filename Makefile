@@ -12,14 +12,23 @@ help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-24s\033[0m %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# The runtime dependencies at the lock's versions (the image's), so a new upstream release
+# changes nothing here until `make lock` takes it.
+$(VENV)/.installed: pyproject.toml requirements.lock
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --constraint requirements.lock -e '.[dev]'
 	touch $@
 
 .PHONY: venv
 venv: $(VENV)/.installed ## Create the Python virtualenv with the operator and its dev tools
+
+.PHONY: lock
+lock: venv ## Upgrade the runtime dependencies to their newest releases and rewrite requirements.lock
+	$(BIN)/pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
+	$(PY) tests/unit/test_dockerfile.py > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+	touch $(VENV)/.installed
 
 .PHONY: prometheus
 prometheus: ## Install Prometheus from Debian's packages if it is missing

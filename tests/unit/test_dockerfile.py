@@ -3,8 +3,8 @@
 No container engine runs here, so the entrypoint command itself (`gpusizer`, installed by the
 same pyproject.toml the image installs) is run, and the Dockerfile is parsed.
 
-Run as a script, this prints requirements.lock from the venv:
-    .venv/bin/python tests/unit/test_dockerfile.py > requirements.lock
+Run as a script, this prints requirements.lock from the venv (`make lock` does, after taking
+the newest releases).
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def test_lock_pins_every_runtime_dependency_at_the_venvs_version() -> None:
     ]
     assert all("==" in p for p in pinned), "every line is name==version"
     assert pinned == runtime_pins(), (
-        "requirements.lock is stale: .venv/bin/python tests/unit/test_dockerfile.py "
-        "> requirements.lock"
+        "requirements.lock and the venv disagree: `make venv` installs the lock's versions; "
+        "after changing pyproject.toml's dependencies, `make lock`"
     )
     assert not any(p.startswith(("pytest", "mypy", "ruff")) for p in pinned), "no dev tools"
 
