@@ -25,7 +25,7 @@ from kubernetes import config as k8s_config
 from prometheus_client import disable_created_metrics, start_http_server
 
 from gpusizer.actuate.targets import Targets, TargetView, target_view
-from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
+from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION, Server
 from gpusizer.catalog import load_catalog
 from gpusizer.reconcile import (
     ClusterView,
@@ -48,7 +48,7 @@ from gpusizer.signals.history import HistoryCache
 from gpusizer.signals.parse import PodKey
 from gpusizer.signals.pods import PodInfo, pod_info, requests_gpu
 from gpusizer.signals.promql import Tenancy
-from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+from gpusizer.signals.source import PrometheusSettings, PrometheusSource, SnapshotReader
 
 log = logging.getLogger(__name__)
 
@@ -385,8 +385,12 @@ def register(settings: OperatorSettings) -> None:
             lambda _: lister.list(),
             config.sync_period_seconds - config.read_period / 2,
         )
+        # every signal for every pod once per sync period; in between, the pods that moved
+        reader = SnapshotReader(
+            prometheus, Server, config.sync_period_seconds - config.read_period / 2
+        )
         memo.clock = CycleClock(
-            functools.partial(fetch_cycle, prometheus, functools.partial(autoscalers.get, None)),
+            functools.partial(fetch_cycle, reader, functools.partial(autoscalers.get, None)),
             config.read_period,
             decide_every=int(config.sync_period_seconds // config.read_period),
         )

@@ -25,7 +25,7 @@ from gpusizer.actuate.targets import (
     TargetView,
     cached_kind,
 )
-from gpusizer.api.v1alpha1 import Mode, Server, TargetRef, WorkloadSizingSpec
+from gpusizer.api.v1alpha1 import Mode, TargetRef, WorkloadSizingSpec
 from gpusizer.policy.replicas import ReplicaCounts, ReplicaDecision, decide_replicas
 from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
@@ -45,7 +45,7 @@ from gpusizer.signals.join import WorkloadSignals, moved_pods, workload_signals
 from gpusizer.signals.parse import PodKey
 from gpusizer.signals.pods import PodInfo, equality_term, matches_selector
 from gpusizer.signals.promql import InvalidQuery, Tenancy, UserQueries, user_queries
-from gpusizer.signals.source import PrometheusSource, Snapshot
+from gpusizer.signals.source import PrometheusSource, Snapshot, SnapshotReader
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
@@ -76,13 +76,15 @@ class Cycle:
 
 
 async def fetch_cycle(
-    prometheus: PrometheusSource,
+    reader: SnapshotReader,
     list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
 ) -> Cycle:
     """The batched Prometheus snapshot and the list of other autoscalers, for every workload."""
     started = time.monotonic()
-    snapshot = await prometheus.snapshot(Server)
-    metrics.CYCLE_SECONDS.observe(time.monotonic() - started)
+    snapshot = await reader.read()
+    metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
+        time.monotonic() - started
+    )
     try:
         owners = await list_autoscalers()
         error = None

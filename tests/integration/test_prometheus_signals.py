@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from gpusizer.api.v1alpha1 import WorkloadSizingSpec
+from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.source import (
     GPU_UTIL,
+    MEMORY,
     MIG_UTIL,
     PrometheusSettings,
     PrometheusSource,
+    queue_signal,
 )
 from gpusizer.vocabulary import Reason
 
@@ -148,3 +150,62 @@ async def test_wake_query_scalar(prometheus: str, exporter: Exporter) -> None:
     source = PrometheusSource(PrometheusSettings(url=prometheus))
     value, problem = await source.scalar('sum(gateway_pending_requests{namespace="llm"})')
     assert (value, problem) == (7.0, None)
+
+
+def stamped(line: str, at: float) -> str:
+    """An exposition line with an explicit timestamp: Prometheus keeps one sample per
+    timestamp, so the series' last two samples stay these however often it scrapes."""
+    return f"{line.rstrip()} {int(at * 1000)}\n"
+
+
+def mig(pod: str, busy: str) -> str:
+    labels = BASE.format(gpu=0, pod=pod)
+    return (
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels},GPU_I_PROFILE="3g.40gb",GPU_I_ID="1",'
+        f'Hostname="gpu-b",namespace="llm",pod="{pod}"}} {busy}\n'
+    )
+
+
+async def test_a_moved_read_brings_only_the_pods_that_moved(
+    prometheus: str, exporter: Exporter
+) -> None:
+    before, after = time.time() - 4, time.time() - 2
+    lines = {
+        # pod: (exposition before, exposition after)
+        "up": (whole("up", "50"), whole("up", "90")),
+        "flat": (whole("flat", "40"), whole("flat", "41")),  # 2.4 %: not a move
+        "two": (
+            whole("two", "30") + whole("two", "30", gpu=1),
+            whole("two", "30") + whole("two", "70", gpu=1),
+        ),
+        "mig-up": (mig("mig-up", "0.40"), mig("mig-up", "0.43")),  # 3 points of 43
+        "mig-flat": (mig("mig-flat", "0.001"), mig("mig-flat", "0.0012")),  # 0.02 points
+        "busy": (queue("busy", "1"), queue("busy", "9")),
+        "idle": (queue("idle", "0"), queue("idle", "0")),
+    }
+
+    def body(which: int, at: float) -> str:
+        return "".join(
+            stamped(line, at) for pair in lines.values() for line in pair[which].splitlines()
+        )
+
+    exporter.set(body(0, before))
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    base = await source.snapshot([Server.VLLM])
+    assert base.signals[GPU_UTIL].samples[("llm", "up")].value == 50
+    exporter.set(body(1, after))
+
+    moved = await source.moved(base)
+
+    assert not moved.full and moved.errors == {}
+    util, mig_util = moved.signals[GPU_UTIL].samples, moved.signals[MIG_UTIL].samples
+    waiting = moved.signals[queue_signal(Server.VLLM)].samples
+    assert util[("llm", "up")].value == 90
+    assert util[("llm", "two")].value == 50, "a pod moves when one of its GPUs does"
+    assert util[("llm", "flat")].value == 40, "under 5 %: kept from the full read"
+    assert mig_util[("llm", "mig-up")].value == pytest.approx(43)
+    assert mig_util[("llm", "mig-flat")].value == pytest.approx(0.1)
+    assert waiting[("llm", "busy")].value == 9 and waiting[("llm", "idle")].value == 0
+    assert 2 <= util[("llm", "up")].age < 10, "aged from its own sample, at this read"
+    assert util[("llm", "flat")].age == base.signals[GPU_UTIL].samples[("llm", "flat")].age
+    assert MEMORY not in moved.signals or moved.signals[MEMORY] is base.signals[MEMORY]

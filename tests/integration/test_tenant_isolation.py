@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 from gpusizer.actuate.targets import TargetView
-from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.api.v1alpha1 import Server, TargetRef
 from gpusizer.reconcile import ClusterView, Dependencies, fetch_cycle, reconcile
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.promql import Tenancy, restrict
-from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+from gpusizer.signals.source import PrometheusSettings, PrometheusSource, SnapshotReader
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
 from tests.integration.conftest import Exporter
@@ -73,7 +73,7 @@ async def run(
     source: RecordingSource, wake: str, tenancy: Tenancy, target: OneTarget, status: Any = None
 ) -> Any:
     """One decision on a fresh cycle; `source.sent` then holds only the workload's queries."""
-    cycle = await fetch_cycle(source, no_autoscalers)
+    cycle = await fetch_cycle(SnapshotReader(source, Server, 0), no_autoscalers)
     source.sent.clear()
     return await reconcile(
         "llm",

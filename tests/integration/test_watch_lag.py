@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpusizer.actuate.targets import ScaleConflict, TargetView
-from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.api.v1alpha1 import Server, TargetRef
 from gpusizer.reconcile import ClusterView, Dependencies, fetch_cycle, reconcile
-from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+from gpusizer.signals.source import PrometheusSettings, PrometheusSource, SnapshotReader
 
 from tests.integration.conftest import Exporter
 
@@ -58,7 +58,7 @@ async def test_a_write_that_finds_the_watch_behind_reads_the_api_server_until_it
     )
 
     async def decide(view: ClusterView, status: Any) -> Any:
-        cycle = await fetch_cycle(source, _no_autoscalers)
+        cycle = await fetch_cycle(SnapshotReader(source, Server, 0), _no_autoscalers)
         return await reconcile("llm", "chat", SPEC, status, {}, 1, view, cycle, deps)
 
     behind = watch_showing(TargetView(replicas=0, selector="app=chat", resource_version="5"))

@@ -54,7 +54,7 @@ def test_per_pod_values_are_finite_or_the_pod_is_a_problem(
     result = [item for pod, v, gpu, ts in rows for item in series(pod, v, gpu, ts)]
     parsed = per_pod(result, combine=combine, now=NOW)
     for key, sample in parsed.samples.items():
-        assert math.isfinite(sample.value) and math.isfinite(sample.timestamp), (key, sample)
+        assert math.isfinite(sample.value) and math.isfinite(sample.age), (key, sample)
         assert key not in parsed.problems
 
 

@@ -52,9 +52,9 @@ class PrometheusAnswering:
         self.pod, self.peak_mib = pod, peak_mib
 
     async def per_pod_batch(
-        self, wanted: Mapping[str, Any], timestamps: bool = True
+        self, wanted: Mapping[str, Any]
     ) -> tuple[dict[str, PodSamples], dict[str, Problem]]:
-        sample = {(NAMESPACE, self.pod): Sample(self.peak_mib, NOW)} if self.peak_mib else {}
+        sample = {(NAMESPACE, self.pod): Sample(self.peak_mib, 0.0)} if self.peak_mib else {}
         return {"peak_memory": PodSamples(samples=sample)}, {}
 
 

@@ -39,7 +39,7 @@ def pod(name: str, ready: bool = True, resource: str = "nvidia.com/gpu") -> PodI
 
 
 def samples(values: dict[str, float], age: float = 5) -> PodSamples:
-    return PodSamples(samples={("llm", p): Sample(v, NOW - age) for p, v in values.items()})
+    return PodSamples(samples={("llm", p): Sample(v, age) for p, v in values.items()})
 
 
 def snapshot(**signals: PodSamples | Problem) -> Snapshot:
@@ -173,9 +173,7 @@ def test_a_pod_ready_since_the_last_scrape_is_arriving_capacity_not_a_hole() -> 
 
 def read_at(when: float, values: dict[str, float], age: float = 5) -> PodSamples:
     """Samples as Prometheus answered at `when`, each `age` seconds old then."""
-    return PodSamples(
-        samples={("llm", p): Sample(v, when - age) for p, v in values.items()}, read_at=when
-    )
+    return PodSamples(samples={("llm", p): Sample(v, age) for p, v in values.items()}, read_at=when)
 
 
 def test_a_samples_age_is_counted_from_when_it_was_read_not_from_the_decision() -> None:

@@ -47,7 +47,7 @@ def test_query_returns_each_pods_value_and_oldest_timestamp_in_one() -> None:
 @pytest.mark.parametrize("hostname_label", ["Hostname", "hostname"])
 def test_both_hostname_spellings(hostname_label: str) -> None:
     result = series(dcgm("chat-1", hostname_label=hostname_label), "40", NOW - 5)
-    assert per_pod(result, now=NOW).samples == {("llm", "chat-1"): Sample(40.0, NOW - 5)}
+    assert per_pod(result, now=NOW).samples == {("llm", "chat-1"): Sample(40.0, 5.0)}
 
 
 def test_exported_labels_name_the_workload_pod() -> None:
@@ -59,7 +59,7 @@ def test_exported_labels_name_the_workload_pod() -> None:
 
 def test_pod_gpus_combine_mean_max_sum() -> None:
     result = series(dcgm("p", "0"), "20", NOW) + series(dcgm("p", "1"), "60", NOW - 3)
-    assert per_pod(result, now=NOW).samples[("llm", "p")] == Sample(40.0, NOW - 3)
+    assert per_pod(result, now=NOW).samples[("llm", "p")] == Sample(40.0, 3.0)
     assert per_pod(result, combine="max", now=NOW).samples[("llm", "p")].value == 60
     assert per_pod(result, combine="sum", now=NOW).samples[("llm", "p")].value == 80
 

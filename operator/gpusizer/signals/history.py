@@ -73,7 +73,7 @@ class HistoryCache:
     async def _fetch(self, window: int) -> UsageHistory:
         history = UsageHistory(window_seconds=window, time=time.time())
         history.signals, history.errors = await self._prometheus.per_pod_batch(
-            history_queries(window), timestamps=False
+            history_queries(window)
         )
         return history
 

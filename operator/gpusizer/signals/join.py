@@ -11,14 +11,18 @@ from dataclasses import dataclass
 
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.policy.replicas import Signals
-from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
+from gpusizer.signals.parse import MOVE_FRACTION, PodKey, PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.source import GPU_UTIL, MEMORY, MIG_UTIL, QUEUE_SERIES, Snapshot, queue_signal
+from gpusizer.signals.source import (
+    GPU_UTIL,
+    MEMORY,
+    MIG_UTIL,
+    QUEUE_SERIES,
+    REPLICA_SIGNALS,
+    Snapshot,
+    queue_signal,
+)
 from gpusizer.vocabulary import Reason
-
-# a reading moved when it changed by more than this share of the larger value (and of at least 1)
-MOVE_FRACTION = 0.05
-_REPLICA_SIGNALS = frozenset({GPU_UTIL, MIG_UTIL, *(queue_signal(s) for s in QUEUE_SERIES)})
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ def _fleet_value(
         if sample is None:
             missing.append(pod.name)
             continue
-        age = _read_at(samples, now) - sample.timestamp
+        age = sample.age
         if age > max_age:
             return [], SignalProblem(
                 name,
@@ -208,7 +212,7 @@ def moved_pods(before: Snapshot | None, after: Snapshot) -> frozenset[PodKey]:
     out: it sizes slices, not replicas."""
     moved: set[PodKey] = set()
     for signal, samples in after.signals.items():
-        if signal not in _REPLICA_SIGNALS:
+        if signal not in REPLICA_SIGNALS:
             continue
         new = samples.samples
         previous = before.signals.get(signal) if before is not None else None

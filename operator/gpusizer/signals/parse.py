@@ -23,10 +23,14 @@ PodKey = tuple[str, str]  # (namespace, pod)
 @dataclass(frozen=True, slots=True)
 class Sample:
     """Slotted, 40 bytes less each: a snapshot holds one per pod and signal (3,000 at 1,000
-    workloads in bench/scale.py)."""
+    workloads in bench/scale.py).
+
+    The age is taken when Prometheus answered, not at the decision, which may come later when
+    thousands of workloads share one snapshot; and a snapshot may merge samples of several
+    reads (`SnapshotReader`), each aged at its own."""
 
     value: float
-    timestamp: float
+    age: float  # seconds from the oldest of the pod's series' samples to the read
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,19 @@ class PodSamples:
 
     samples: dict[PodKey, Sample] = field(default_factory=dict)
     problems: dict[PodKey, Problem] = field(default_factory=dict)
-    # when Prometheus answered: a sample's age is measured from here, not from the decision,
-    # which may come later when thousands of workloads share one snapshot (None: decision time)
+    # when Prometheus answered the read that lists every pod with the signal (None: at the
+    # decision): a pod turned ready since may not be in it yet
     read_at: float | None = None
 
 
 POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
 _AGGREGATIONS = {"mean": "avg", "max": "max", "sum": "sum"}
+
+# a reading moved when it changed by more than this share of the larger value (and of at least 1)
+MOVE_FRACTION = 0.05
+MOVE_WINDOW = "1m"
+"""How far back `moved_pod_query` looks for a series' last two samples: two scrapes at any
+usual interval (up to 30 s)."""
 
 
 def pod_query(selector: str, combine: str) -> str:
@@ -65,6 +75,28 @@ def pod_query(selector: str, combine: str) -> str:
     oldest = f"min {by} (timestamp({selector}))"
     return (
         f"({_AGGREGATIONS[combine]} {by} ({selector})) or "
+        f'label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
+    )
+
+
+def moved_pod_query(selector: str, combine: str, floor: float) -> str:
+    """`pod_query` for only the pods one of whose series moved between its last two samples by
+    more than MOVE_FRACTION of the newer (and of at least `floor`, the value that reads as 1).
+
+    Prometheus does the filtering, so a read between two full snapshots costs the operator the
+    pods that moved, not every pod: that is what lets it read every second at 5,000 workloads
+    (bench/scale.py). Each move stays visible until the series' next sample, so a read that
+    fails or comes late misses none; a slow drift, a new pod and a vanished one show in the
+    next full snapshot instead."""
+    by = f"by ({POD_LABELS})"
+    moved = (
+        f"(max {by} (abs(idelta({selector}[{MOVE_WINDOW}])) > "
+        f"{MOVE_FRACTION} * clamp_min(abs({selector}), {floor:g})))"
+    )
+    only_moved = f"and on ({POD_LABELS}) {moved}"
+    oldest = f"(min {by} (timestamp({selector}))) {only_moved}"
+    return (
+        f"(({_AGGREGATIONS[combine]} {by} ({selector})) {only_moved}) or "
         f'label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
     )
 
@@ -160,7 +192,7 @@ def per_pod(
         if not math.isfinite(value):  # finite huge values can still overflow when combined
             out.problems[key] = Problem(Reason.INVALID_VALUE, f"{combine} of {numbers} overflows")
             continue
-        out.samples[key] = Sample(value, oldest)
+        out.samples[key] = Sample(value, now - oldest)
     return out
 
 
