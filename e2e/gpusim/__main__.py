@@ -6,7 +6,7 @@ import argparse
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -16,7 +16,7 @@ from e2e.gpusim.exposition import ExporterOptions
 from e2e.gpusim.kube import KubeCluster
 from e2e.gpusim.migmanager import MigManager
 from e2e.gpusim.model import ModelConfig
-from e2e.gpusim.server import GpusimServer
+from e2e.gpusim.server import GpusimServer, ScrapeTargets
 from e2e.gpusim.sim import Simulator
 
 log = logging.getLogger("e2e.gpusim")
@@ -44,6 +44,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--oom-backoff-seconds", type=float, default=defaults.oom_backoff_seconds)
     parser.add_argument("--mig-reconfigure-seconds", type=float, default=10.0)
     parser.add_argument("--no-mig-manager", action="store_true")
+    parser.add_argument(
+        "--targets-file",
+        type=Path,
+        default=None,
+        help="write Prometheus file_sd targets here, one per GPU node and one for the gateway",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -75,8 +81,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    # Each tick renders /metrics once, in the tick thread: scrapes only send bytes.
-    tick = (args.tick_seconds, stop, server.exposition.body)
+    then: Callable[[], object]
+    if args.targets_file is None:
+        # Each tick renders /metrics once, in the tick thread: scrapes only send bytes.
+        then = server.exposition.body
+    else:
+        # Scraped per node, each part rendered at its scrape; /metrics only when asked for.
+        targets = ScrapeTargets(args.targets_file, f"{args.listen[0]}:{server.server_port}")
+
+        def then() -> None:
+            targets.update(sim.view().nodes)
+
+        then()
+    tick = (args.tick_seconds, stop, then)
     threads = [threading.Thread(target=sim.run, args=tick, name="tick", daemon=True)]
     if not args.no_mig_manager:
         manager = MigManager(cluster, catalog, args.mig_reconfigure_seconds)

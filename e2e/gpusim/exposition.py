@@ -6,6 +6,7 @@ scrapers do not care, but tests and humans comparing with a real exporter do.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ class PodServerReading:
 
     namespace: str
     pod: str
+    node: str
     model_name: str
     waiting: float
     running: float
@@ -47,6 +49,20 @@ class View:
     energy_mj: dict[tuple[str, int], float]
     servers: Sequence[PodServerReading]
     workloads: dict[tuple[str, str], WorkloadState]
+
+    @functools.cached_property
+    def nodes(self) -> dict[str, tuple[list[DeviceReading], list[PodServerReading]]]:
+        """Each GPU node's devices and the inference servers on it, in the view's order."""
+        grouped: dict[str, tuple[list[DeviceReading], list[PodServerReading]]] = {}
+        for reading in self.devices:
+            grouped.setdefault(reading.device.node, ([], []))[0].append(reading)
+        for server in self.servers:
+            if server.node in grouped:
+                grouped[server.node][1].append(server)
+        return grouped
+
+    def on_node(self, node: str) -> tuple[list[DeviceReading], list[PodServerReading]]:
+        return self.nodes.get(node, ([], []))
 
 
 def device_labels(reading: DeviceReading, options: ExporterOptions) -> dict[str, str]:
@@ -165,8 +181,33 @@ def render(view: View, options: ExporterOptions) -> bytes:
     series: through prometheus_client's Metric and Sample objects a scrape of 5,000 GPUs took
     about two seconds.
     """
+    lines = _dcgm_lines(view.devices, view, options)
+    lines += _vllm_lines(view.servers)
+    lines += _gateway_lines(view.workloads)
+    return _text(lines)
+
+
+def render_node(view: View, node: str, options: ExporterOptions) -> bytes:
+    """What the exporters of one node serve: its GPUs' DCGM series and the inference servers
+    of the pods it runs."""
+    devices, servers = view.on_node(node)
+    return _text(_dcgm_lines(devices, view, options) + _vllm_lines(servers))
+
+
+def render_gateway(view: View) -> bytes:
+    """What the gateway in front of the workloads serves: the requests it holds."""
+    return _text(_gateway_lines(view.workloads))
+
+
+def _text(lines: list[str]) -> bytes:
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _dcgm_lines(
+    readings: Sequence[DeviceReading], view: View, options: ExporterOptions
+) -> list[str]:
     lines: list[str] = []
-    devices = [(reading, _label_text(device_labels(reading, options))) for reading in view.devices]
+    devices = [(reading, _label_text(device_labels(reading, options))) for reading in readings]
     for name, kind, doc, value in _DCGM:
         lines.append(f"# HELP {name} {doc}")
         lines.append(f"# TYPE {name} {kind}")
@@ -174,6 +215,11 @@ def render(view: View, options: ExporterOptions) -> bytes:
             sample = value(reading, view)
             if sample is not None:
                 lines.append(f"{name}{{{labels}}} {_number(sample)}")
+    return lines
+
+
+def _vllm_lines(readings: Sequence[PodServerReading]) -> list[str]:
+    lines: list[str] = []
     servers = [
         (
             server,
@@ -181,7 +227,7 @@ def render(view: View, options: ExporterOptions) -> bytes:
                 {"namespace": server.namespace, "pod": server.pod, "model_name": server.model_name}
             ),
         )
-        for server in view.servers
+        for server in readings
     ]
     for name, kind, doc, get in _VLLM:
         sample_name = name + "_total" if kind == "counter" else name
@@ -191,16 +237,20 @@ def render(view: View, options: ExporterOptions) -> bytes:
         lines.append(f"# TYPE {header} {kind}")
         for server, labels in servers:
             lines.append(f"{sample_name}{{{labels}}} {_number(get(server))}")
-    lines.append(
-        "# HELP gateway_pending_requests Requests held while the workload has no ready replica."
-    )
-    lines.append("# TYPE gateway_pending_requests gauge")
-    for (namespace, workload), state in sorted(view.workloads.items()):
+    return lines
+
+
+def _gateway_lines(workloads: dict[tuple[str, str], WorkloadState]) -> list[str]:
+    lines = [
+        "# HELP gateway_pending_requests Requests held while the workload has no ready replica.",
+        "# TYPE gateway_pending_requests gauge",
+    ]
+    for (namespace, workload), state in sorted(workloads.items()):
         labels = _label_text({"namespace": namespace, "service": workload})
         lines.append(
             f"gateway_pending_requests{{{labels}}} {_number(round(state.gateway_pending))}"
         )
-    return ("\n".join(lines) + "\n").encode()
+    return lines
 
 
 class CachedExposition:
@@ -255,3 +305,37 @@ def _number(value: float) -> str:
         if math.isfinite(value)
         else {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, "NaN")
     )
+
+
+class PartExpositions:
+    """The bodies of `/metrics/nodes/<node>` and `/metrics/gateway`, each rendered at its first
+    scrape after a tick. Prometheus scrapes each node's exporter at a moment of its own, as it
+    does a DaemonSet's pods, and rendering one node's 64 GPUs takes milliseconds: a tick need
+    not render all 5,000 GPUs (0.25 s, bench/gpusim_exposition.py) for scrapes to come."""
+
+    def __init__(self, view: Callable[[], View], options: ExporterOptions) -> None:
+        self._view = view
+        self._options = options
+        self._lock = threading.Lock()
+        self._rendered_view: View | None = None
+        self._bodies: dict[str | None, bytes] = {}  # by node; None: the gateway
+
+    def node(self, name: str) -> bytes | None:
+        """None when the latest view has no GPU on `name`."""
+        view = self._view()
+        if name not in view.nodes:
+            return None
+        return self._body(view, name, lambda: render_node(view, name, self._options))
+
+    def gateway(self) -> bytes:
+        view = self._view()
+        return self._body(view, None, lambda: render_gateway(view))
+
+    def _body(self, view: View, part: str | None, render_part: Callable[[], bytes]) -> bytes:
+        with self._lock:
+            if self._rendered_view is not view:
+                self._rendered_view, self._bodies = view, {}
+            body = self._bodies.get(part)
+            if body is None:
+                body = self._bodies[part] = render_part()
+            return body

@@ -7,12 +7,13 @@ import logging
 import math
 import re
 import threading
+from collections.abc import Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from e2e.gpusim.exposition import CachedExposition, ExporterOptions
+from e2e.gpusim.exposition import CachedExposition, ExporterOptions, PartExpositions
 from e2e.gpusim.sim import Simulator
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,40 @@ _WORKLOAD = re.compile(
 
 
 _NAMESPACE = re.compile(r"^/v1/workloads/([a-z0-9][a-z0-9.-]*)$")
+
+
+NODE_METRICS = "/metrics/nodes/"
+GATEWAY_METRICS = "/metrics/gateway"
+
+
+class ScrapeTargets:
+    """Writes Prometheus file_sd targets the way service discovery finds a dcgm-exporter
+    DaemonSet: one target per GPU node (its own scrape phase, a small body), and one for the
+    gateway. Rewritten, atomically, when the GPU nodes change."""
+
+    def __init__(self, path: Path, address: str, job: str = "gpusim") -> None:
+        self._path = path
+        self._address = address
+        self._job = job
+        self._nodes: list[str] | None = None
+
+    def update(self, nodes: Iterable[str]) -> None:
+        current = sorted(nodes)
+        if current == self._nodes:
+            return
+        groups = [
+            {
+                "targets": [self._address],
+                "labels": {"job": self._job, "instance": node, "__metrics_path__": path},
+            }
+            for node, path in [(n, NODE_METRICS + n) for n in current]
+            + [("gateway", GATEWAY_METRICS)]
+        ]
+        partial = self._path.with_name(self._path.name + ".tmp")
+        partial.write_text(json.dumps(groups, indent=1))
+        partial.replace(self._path)
+        self._nodes = current
+        log.info("scrape targets: %d GPU node(s) and the gateway in %s", len(current), self._path)
 
 
 class BadRequest(Exception):
@@ -45,6 +80,7 @@ class GpusimServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.sim = sim
         self.exposition = CachedExposition(sim.view, options)
+        self.parts = PartExpositions(sim.view, options)
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(
@@ -67,6 +103,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _metrics(self, body: bytes) -> None:
+        self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
     def _json(self, status: int, document: Any) -> None:
         self._send(status, json.dumps(document).encode(), "application/json")
 
@@ -85,8 +124,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/metrics":
-            body = self.server.exposition.body()
-            self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+            self._metrics(self.server.exposition.body())
+        elif self.path.startswith(NODE_METRICS):
+            node = self.path[len(NODE_METRICS) :]
+            body = self.server.parts.node(node)
+            if body is None:
+                self._error(HTTPStatus.NOT_FOUND, f"no GPU node {node!r}")
+            else:
+                self._metrics(body)
+        elif self.path == GATEWAY_METRICS:
+            self._metrics(self.server.parts.gateway())
         elif self.path in ("/healthz", "/health"):
             self._send(200, b"ok\n", "text/plain")
         else:

@@ -103,6 +103,7 @@ class Simulator:
                 PodServerReading(
                     namespace=pod.namespace,
                     pod=pod.name,
+                    node=pod.node or "",
                     model_name=pod.annotations.get(MODEL_NAME, pod.workload[1]),
                     waiting=state.waiting,
                     running=state.running,

@@ -123,15 +123,16 @@ if [ -z "$PY" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
 fi
 if [ "$GPUSIM_MODE" != "0" ] && [ -f "$REPO/e2e/gpusim/__main__.py" ]; then
+  # Scraped the way a dcgm-exporter DaemonSet is: one target per GPU node, which the emulator
+  # writes itself (and rewrites as nodes come and go), each at a scrape phase of its own.
   ( cd "$REPO" && exec setsid "$PY" -m e2e.gpusim --kubeconfig "$KUBECONFIG_PATH" \
-      --listen "127.0.0.1:${GPUSIM_PORT}" > "$STATE/logs/gpusim.log" 2>&1 < /dev/null 9>&- ) &
+      --listen "127.0.0.1:${GPUSIM_PORT}" \
+      --targets-file "$STATE/prometheus-targets/gpusim.json" \
+      > "$STATE/logs/gpusim.log" 2>&1 < /dev/null 9>&- ) &
   GPUSIM_PID=$!
   echo "$GPUSIM_PID" > "$STATE/gpusim.pid"
   if wait_http "$GPUSIM_URL/metrics" 60 "$GPUSIM_PID"; then
-    cat > "$STATE/prometheus-targets/gpusim.json.tmp" <<JSON
-[{"targets": ["127.0.0.1:${GPUSIM_PORT}"], "labels": {"job": "gpusim"}}]
-JSON
-    mv -f "$STATE/prometheus-targets/gpusim.json.tmp" "$STATE/prometheus-targets/gpusim.json"
+    echo "cluster-up: GPU emulator on $GPUSIM_URL, scraped per node" >&2
   elif [ "$GPUSIM_MODE" = "1" ]; then
     fail "GPU emulator (python -m e2e.gpusim) did not serve $GPUSIM_URL/metrics"
   else

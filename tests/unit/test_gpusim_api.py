@@ -75,6 +75,19 @@ def test_healthz_and_metrics(api: Harness) -> None:
     ).replace("# TYPE DCGM_FI_DEV_GPU_UTIL", "")
 
 
+def test_each_node_and_the_gateway_have_their_own_metrics(api: Harness) -> None:
+    api.call("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": 2.0})
+    api.advance(6)
+    status, node = api.call("GET", "/metrics/nodes/gpu-a")
+    assert status == 200 and 'Hostname="gpu-a"' in node
+    assert 'vllm:num_requests_waiting{namespace="llm",pod="chat-1"' in node
+    assert "gateway_pending_requests" not in node
+    status, gateway = api.call("GET", "/metrics/gateway")
+    assert status == 200 and 'gateway_pending_requests{namespace="llm",service="chat"}' in gateway
+    assert "DCGM" not in gateway
+    assert api.call("GET", "/metrics/nodes/gpu-z") == (404, {"error": "no GPU node 'gpu-z'"})
+
+
 def test_metrics_follow_ticks(api: Harness) -> None:
     _, before = api.call("GET", "/metrics")
     assert api.call("GET", "/metrics")[1] == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -12,8 +13,17 @@ from gpusizer.catalog import Catalog, load_catalog
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.gpusim import exposition
-from e2e.gpusim.exposition import CachedExposition, ExporterOptions, View, render
+from e2e.gpusim.exposition import (
+    CachedExposition,
+    ExporterOptions,
+    PartExpositions,
+    View,
+    render,
+    render_gateway,
+    render_node,
+)
 from e2e.gpusim.model import ModelConfig
+from e2e.gpusim.server import ScrapeTargets
 from e2e.gpusim.sim import Simulator
 from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
 
@@ -367,3 +377,62 @@ def test_run_renders_after_each_step(sim: Simulator) -> None:
         stop.set()
         runner.join()
     assert views[0] is not before
+
+
+def samples(body: bytes) -> list[str]:
+    return sorted(line for line in body.decode().splitlines() if not line.startswith("#"))
+
+
+def test_node_and_gateway_bodies_split_the_whole_exposition(catalog: Catalog) -> None:
+    view = busy_cluster(catalog).view()
+    options = ExporterOptions()
+    parts = {node: render_node(view, node, options) for node in view.nodes}
+    assert sorted(parts) == ["gpu-a", "gpu-b", "gpu-c"]
+    together = [line for body in parts.values() for line in samples(body)]
+    together += samples(render_gateway(view))
+    assert sorted(together) == samples(render(view, options)), "every sample once, none added"
+    for node, body in parts.items():
+        text = body.decode()
+        assert text.count(f'Hostname="{node}"') == text.count("Hostname=") > 0
+        for server in view.servers:
+            assert (f'pod="{server.pod}",model_name' in text) == (server.node == node)
+
+
+def test_a_part_is_rendered_once_per_view(sim: Simulator) -> None:
+    parts = PartExpositions(sim.view, ExporterOptions())
+    first = parts.node("gpu-a")
+    assert first is not None and parts.node("gpu-a") is first
+    assert parts.node("no-such-node") is None
+    gateway = parts.gateway()
+    sim.set_load(("llm", "chat"), 9.0)
+    sim.step()
+    second = parts.node("gpu-a")
+    assert second != first and second == render_node(sim.view(), "gpu-a", ExporterOptions())
+    assert parts.gateway() is not gateway
+
+
+def test_scrape_targets_one_per_gpu_node_and_the_gateway(tmp_path: Path) -> None:
+    path = tmp_path / "gpusim.json"
+    targets = ScrapeTargets(path, "127.0.0.1:9400")
+    targets.update(["gpu-b", "gpu-a"])
+    groups = json.loads(path.read_text())
+    assert [(g["targets"], g["labels"]) for g in groups] == [
+        (
+            ["127.0.0.1:9400"],
+            {"job": "gpusim", "instance": "gpu-a", "__metrics_path__": "/metrics/nodes/gpu-a"},
+        ),
+        (
+            ["127.0.0.1:9400"],
+            {"job": "gpusim", "instance": "gpu-b", "__metrics_path__": "/metrics/nodes/gpu-b"},
+        ),
+        (
+            ["127.0.0.1:9400"],
+            {"job": "gpusim", "instance": "gateway", "__metrics_path__": "/metrics/gateway"},
+        ),
+    ]
+    written = path.stat().st_mtime_ns
+    path.write_text("left alone")
+    targets.update(["gpu-a", "gpu-b"])
+    assert path.read_text() == "left alone", "rewritten only when the nodes change"
+    targets.update(["gpu-a"])
+    assert len(json.loads(path.read_text())) == 2 and path.stat().st_mtime_ns >= written
