@@ -11,9 +11,12 @@ every WorkloadSizing has been decided, then measures:
   operator's gpusizer_reconcile_duration_seconds_count;
 - operator CPU (cores, from /proc/PID/stat over a steady window) and peak RSS (VmHWM);
 - Prometheus queries per cycle: delta of gpusizer_prometheus_query_duration_seconds_count over
-  the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per cycle);
+  the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per cycle: per read, full
+  or moved, with --read-period);
 - API requests per cycle: delta of gpusizer_kube_api_requests_total (every request of the
-  operator's client, status patches included, plus the events kopf posts for it) per cycle.
+  operator's client, status patches included, plus the events kopf posts for it) per cycle;
+- the mean time of a full read and of a moved read, and the CPU of Prometheus and of the
+  emulator over the same window (they share the machine with the operator).
 
 Usage: python bench/scale.py [--sizes 100,1000,5000] [--out FILE] [--cluster-dir DIR]
 Without --cluster-dir it starts its own cluster (bench/nodepools-scale.yaml, sized for the
@@ -97,6 +100,8 @@ BROKEN_DOWN = {  # series -> (label, prefix of its values in the per-cycle break
     "gpusizer_prometheus_query_duration_seconds_count": ("signal", ""),
     "gpusizer_kube_api_requests_total": ("verb", ""),
     "gpusizer_status_writes_total": ("field", "status."),
+    "gpusizer_snapshot_duration_seconds_count": ("read", "reads."),
+    "gpusizer_snapshot_duration_seconds_sum": ("read", "reads."),  # not per cycle: see read_s
 }
 
 
@@ -351,6 +356,12 @@ def measure(
     assert op.process is not None
     pid = op.process.pid
     window = max(args.window, 4 * args.sync_period)
+    neighbours = {
+        name: int(cluster.env[key])
+        for name, key in (("prometheus", "PROMETHEUS_PID"), ("gpusim", "GPUSIM_PID"))
+        if cluster.env.get(key)
+    }
+    n0 = {name: cpu_seconds(p) for name, p in neighbours.items()}
     m0, c0, t0 = scrape(op.metrics_port), cpu_seconds(pid), time.monotonic()
     profile = None
     if args.profile:
@@ -379,13 +390,25 @@ def measure(
     if remaining > 0:
         time.sleep(remaining)  # the steady window: nothing to wait for, a duration to measure
     m1, c1, t1 = scrape(op.metrics_port), cpu_seconds(pid), time.monotonic()
+    n1 = {name: cpu_seconds(p) for name, p in neighbours.items()}
 
     def delta(name: str) -> float:
         return m1.get(name, 0.0) - m0.get(name, 0.0)
 
+    def read_s(kind: str = "") -> float:
+        """Mean time of one read: of every read, or of the full or moved ones."""
+        suffix = f":reads.{kind}" if kind else ""
+        count = delta("gpusizer_snapshot_duration_seconds_count" + suffix)
+        return (
+            delta("gpusizer_snapshot_duration_seconds_sum" + suffix) / count if count else math.nan
+        )
+
     cycles = delta("gpusizer_snapshot_duration_seconds_count")
     decisions = delta("gpusizer_reconcile_duration_seconds_count")
-    snapshot_s = delta("gpusizer_snapshot_duration_seconds_sum") / cycles if cycles else math.nan
+    # an operator before the full and moved reads has one kind: all of its reads are full
+    snapshot_s = (
+        read_s("full") if delta("gpusizer_snapshot_duration_seconds_count:reads.full") else read_s()
+    )
     reconcile_ms = (
         1000 * delta("gpusizer_reconcile_duration_seconds_sum") / decisions
         if decisions
@@ -419,10 +442,17 @@ def measure(
         if cycles
         else math.nan,
         "snapshot_s": round(snapshot_s, 3),
+        "moved_read_s": round(read_s("moved"), 3),
+        "prometheus_cpu_cores": round((n1["prometheus"] - n0["prometheus"]) / (t1 - t0), 3)
+        if "prometheus" in neighbours
+        else math.nan,
+        "gpusim_cpu_cores": round((n1["gpusim"] - n0["gpusim"]) / (t1 - t0), 3)
+        if "gpusim" in neighbours
+        else math.nan,
         "per_cycle": {
             key.split(":", 1)[1]: round(delta(key) / cycles, 2)
             for key in sorted(m1)
-            if ":" in key and cycles and delta(key)
+            if ":" in key and not key.split(":", 1)[0].endswith("_sum") and cycles and delta(key)
         },
         "reconcile_ms": round(reconcile_ms, 2),
         "samples": len(samples),
@@ -459,7 +489,10 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
         ("queries_per_cycle", "{:.1f}"),
         ("api_requests_per_cycle", "{:.0f}"),
         ("snapshot_s", "{:.2f}"),
+        ("moved_read_s", "{:.2f}"),
         ("reconcile_ms", "{:.1f}"),
+        ("prometheus_cpu_cores", "{:.2f}"),
+        ("gpusim_cpu_cores", "{:.2f}"),
     ]
     rows = [[c for c, _ in cols]]
     for size, r in sizes.items():
