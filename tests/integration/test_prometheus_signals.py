@@ -154,7 +154,7 @@ async def test_wake_query_scalar(prometheus: str, exporter: Exporter) -> None:
 
 def stamped(line: str, at: float) -> str:
     """An exposition line with an explicit timestamp: Prometheus keeps one sample per
-    timestamp, so the series' last two samples stay these however often it scrapes."""
+    timestamp, so each series' samples stay these however often it scrapes."""
     return f"{line.rstrip()} {int(at * 1000)}\n"
 
 
@@ -195,7 +195,9 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
     assert base.signals[GPU_UTIL].samples[("llm", "up")].value == 50
     exporter.set(body(1, after))
 
-    moved = await source.moved(base)
+    # the previous read came between the two samples
+    since = time.time() - (before + after) / 2
+    moved = await source.moved(base, since)
 
     assert not moved.full and moved.errors == {}
     util, mig_util = moved.signals[GPU_UTIL].samples, moved.signals[MIG_UTIL].samples
@@ -206,6 +208,9 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
     assert mig_util[("llm", "mig-up")].value == pytest.approx(43)
     assert mig_util[("llm", "mig-flat")].value == pytest.approx(0.1)
     assert waiting[("llm", "busy")].value == 9 and waiting[("llm", "idle")].value == 0
-    assert 2 <= util[("llm", "up")].age < 10, "aged from its own sample, at this read"
+    assert util[("llm", "up")].age == since, "at most since the previous read"
     assert util[("llm", "flat")].age == base.signals[GPU_UTIL].samples[("llm", "flat")].age
     assert MEMORY not in moved.signals or moved.signals[MEMORY] is base.signals[MEMORY]
+    # a read after the previous one that saw the move reports it no more
+    again = await source.moved(base, time.time() - after - 0.5)
+    assert again.signals[GPU_UTIL].samples[("llm", "up")].value == 50

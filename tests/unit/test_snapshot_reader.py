@@ -11,6 +11,7 @@ from gpusizer.signals.source import (
     GPU_UTIL,
     MEMORY,
     MIG_UTIL,
+    MOVE_MARGIN_SECONDS,
     PrometheusSettings,
     PrometheusSource,
     Snapshot,
@@ -48,14 +49,16 @@ class CountingSource:
     def __init__(self) -> None:
         self.reads: list[str] = []
         self.bases: list[float] = []  # the time of the snapshot each moved read merged into
+        self.since: list[float] = []  # how far back each moved read looked
 
     async def snapshot(self, servers: tuple[Server, ...]) -> Snapshot:
         self.reads.append("full")
         return Snapshot(time=float(len(self.reads)))
 
-    async def moved(self, base: Snapshot) -> Snapshot:
+    async def moved(self, base: Snapshot, since_seconds: float) -> Snapshot:
         self.reads.append("moved")
         self.bases.append(base.time)
+        self.since.append(since_seconds)
         return Snapshot(time=float(len(self.reads)), signals=base.signals, full=False)
 
 
@@ -63,10 +66,23 @@ async def test_a_full_read_first_and_once_per_period_the_moves_between() -> None
     now = [0.0]
     source = CountingSource()
     reader = SnapshotReader(source, Server, 4.5, monotonic=lambda: now[0])  # type: ignore[arg-type]
-    for _ in range(11):  # a read every second
+    for gap in [1, 1, 1, 1, 1, 1, 3, 1, 1, 1, 1]:  # a read every second, one 3 s late
         await reader.read()
-        now[0] += 1
-    assert source.reads == ["full", *["moved"] * 4, "full", *["moved"] * 4, "full"]
+        now[0] += gap
+    # at 0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12 s
+    assert source.reads == [
+        "full",
+        *["moved"] * 4,
+        "full",
+        "moved",
+        "moved",
+        "full",
+        "moved",
+        "moved",
+    ]
+    # each looks back to before the read before it, however late it comes
+    margin = MOVE_MARGIN_SECONDS
+    assert source.since == [1 + margin] * 5 + [3 + margin] + [1 + margin] * 2
 
 
 async def test_each_move_is_merged_into_the_latest_read_not_the_full_one() -> None:
@@ -96,6 +112,6 @@ async def test_a_moved_read_asks_only_for_signals_the_full_read_has_samples_of()
         },
         errors={MIG_UTIL: NAN, queue_signal(Server.VLLM): NAN},  # unread: no move to see
     )
-    moved = await source.moved(base)
+    moved = await source.moved(base, 3.0)
     assert sent == [f"moved:{GPU_UTIL}"]
     assert moved.signals == base.signals and moved.errors == base.errors and not moved.full

@@ -55,9 +55,6 @@ _AGGREGATIONS = {"mean": "avg", "max": "max", "sum": "sum"}
 
 # a reading moved when it changed by more than this share of the larger value (and of at least 1)
 MOVE_FRACTION = 0.05
-MOVE_WINDOW = "1m"
-"""How far back `moved_pod_query` looks for a series' last two samples: two scrapes at any
-usual interval (up to 30 s)."""
 
 
 def pod_query(selector: str, combine: str) -> str:
@@ -79,26 +76,21 @@ def pod_query(selector: str, combine: str) -> str:
     )
 
 
-def moved_pod_query(selector: str, combine: str, floor: float) -> str:
-    """`pod_query` for only the pods one of whose series moved between its last two samples by
-    more than MOVE_FRACTION of the newer (and of at least `floor`, the value that reads as 1).
+def moved_pod_query(selector: str, combine: str, floor: float, since_seconds: float) -> str:
+    """Each pod's value (its series combined), for only the pods whose value moved by more than
+    MOVE_FRACTION since `since_seconds` ago; values under `floor` (the value that reads as 1)
+    count as `floor`, so a pod idling between 0 and 1 % does not move.
 
     Prometheus does the filtering, so a read between two full snapshots costs the operator the
-    pods that moved, not every pod: that is what lets it read every second at 5,000 workloads
-    (bench/scale.py). Each move stays visible until the series' next sample, so a read that
-    fails or comes late misses none; a slow drift, a new pod and a vanished one show in the
-    next full snapshot instead."""
+    pods that moved, not every pod, and costs Prometheus about as much as one query of a full
+    snapshot (bench/README.md). No timestamp twin: a pod whose value changed has a sample from
+    the last `since_seconds`, which bounds its age."""
     by = f"by ({POD_LABELS})"
-    moved = (
-        f"(max {by} (abs(idelta({selector}[{MOVE_WINDOW}])) > "
-        f"{MOVE_FRACTION} * clamp_min(abs({selector}), {floor:g})))"
-    )
-    only_moved = f"and on ({POD_LABELS}) {moved}"
-    oldest = f"(min {by} (timestamp({selector}))) {only_moved}"
-    return (
-        f"(({_AGGREGATIONS[combine]} {by} ({selector})) {only_moved}) or "
-        f'label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
-    )
+    aggregate = _AGGREGATIONS[combine]
+    now = f"{aggregate} {by} ({selector})"
+    then = f"{aggregate} {by} ({selector} offset {round(since_seconds * 1000)}ms)"
+    ratio = f"clamp_min({now}, {floor:g}) / clamp_min({then}, {floor:g})"
+    return f"({now}) and on ({POD_LABELS}) (abs(1 - {ratio}) > {MOVE_FRACTION})"
 
 
 def parse_number(raw: Any) -> float | None:

@@ -24,6 +24,7 @@ from gpusizer.report import metrics
 from gpusizer.signals.parse import (
     PodSamples,
     Problem,
+    Sample,
     moved_pod_query,
     per_pod,
     pod_query,
@@ -52,6 +53,13 @@ QUEUE_SERIES: dict[Server, str] = {
     Server.TGI: "tgi_queue_size",
     Server.SGLANG: "sglang:num_queue_reqs",
 }
+
+
+# A sample is stored when its scrape ends but stamped when it began: a read compares each pod's
+# value now with its value this long before the previous read, so that a scrape which began
+# before that read and landed after it still shows as a move. One that took longer waits for
+# the next full read.
+MOVE_MARGIN_SECONDS = 2.0
 
 
 def queue_signal(server: Server) -> str:
@@ -228,14 +236,15 @@ class PrometheusSource:
         )
         return snap
 
-    async def moved(self, base: Snapshot) -> Snapshot:
-        """`base` with the replica signals' pods that moved since their previous sample merged
-        in: one query per signal that `base` has samples of, whatever the workload count (a
-        signal it failed to read, or that no pod has, waits for the next full snapshot). A
+    async def moved(self, base: Snapshot, since_seconds: float) -> Snapshot:
+        """`base` with the replica signals' pods whose value moved in the last `since_seconds`
+        merged in: one query per signal that `base` has samples of, whatever the workload count
+        (a signal it failed to read, or that no pod has, waits for the next full snapshot). A
         signal whose query fails keeps `base`'s samples: the next full snapshot says whether
-        Prometheus is failing."""
+        Prometheus is failing. A moved pod's age is taken as `since_seconds`, the most it can
+        be."""
         wanted = {
-            name: (moved_pod_query(selector, combine, 1 / scale), scale, combine)
+            name: (moved_pod_query(selector, combine, 1 / scale, since_seconds), scale, combine)
             for name, (selector, scale, combine) in batched_signals(Server).items()
             if name in REPLICA_SIGNALS and name in base.signals and base.signals[name].samples
         }
@@ -244,6 +253,10 @@ class PrometheusSource:
         for name in wanted:
             update = read.get(f"moved:{name}")
             if update is not None and (update.samples or update.problems):
+                update.samples = {
+                    key: Sample(sample.value, since_seconds)
+                    for key, sample in update.samples.items()
+                }
                 snap.signals[name] = merged(snap.signals[name], update)
         return snap
 
@@ -273,7 +286,7 @@ def merged(base: PodSamples, update: PodSamples) -> PodSamples:
 class SnapshotReader:
     """What each read of the cycle clock asks Prometheus: every signal for every pod once per
     `full_every_seconds` (a sync period), and in between only the pods whose utilisation or
-    queue moved, merged into the last full read.
+    queue moved since the read before, merged into the latest read.
 
     A full read at 5,000 workloads decodes about 50,000 series (1-2 s of the operator's CPU,
     bench/README.md); reading that every second would take most of a core. The moves alone are
@@ -291,15 +304,17 @@ class SnapshotReader:
         self._full_every = full_every_seconds
         self._monotonic = monotonic
         self._latest: Snapshot | None = None
-        self._full_at = 0.0
+        self._full_at = self._read_at = 0.0
 
     async def read(self) -> Snapshot:
-        latest = self._latest
-        if latest is None or self._monotonic() - self._full_at >= self._full_every:
-            self._full_at = self._monotonic()
+        latest, now = self._latest, self._monotonic()
+        since = now - self._read_at + MOVE_MARGIN_SECONDS
+        self._read_at = now
+        if latest is None or now - self._full_at >= self._full_every:
+            self._full_at = now
             latest = await self._source.snapshot(self._servers)
         else:
-            latest = await self._source.moved(latest)
+            latest = await self._source.moved(latest, since)
         self._latest = latest
         return latest
 
