@@ -399,6 +399,25 @@ class Workloads:
         )
         r.raise_for_status()
 
+    def busy(self, name: str, replicas: int) -> None:
+        """``replicas`` ready replicas of ``name`` at 70 %, as Prometheus reads them, before a
+        sizing exists. The load starts once they are ready: a backlog queued while they start
+        would run them at 100 % until drained (the operator rightly adds a replica), and a
+        first decision on the idle samples from before the load could scale down or to zero."""
+        wait_until(lambda: self.ready(name) == replicas, 90, what=f"{replicas} ready")
+        self.load(name, 7 * replicas)  # capacity 10 rps each
+        query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{self.namespace}",pod=~"{name}-.+"}}'
+
+        def busy() -> bool:
+            answer = requests.get(
+                f"{self.cluster.prometheus_url}/api/v1/query", params={"query": query}, timeout=5
+            )
+            answer.raise_for_status()
+            values = [float(s["value"][1]) for s in answer.json()["data"]["result"]]
+            return len(values) == replicas and all(abs(v - 70) <= 2 for v in values)
+
+        wait_until(busy, 60, what=f"Prometheus reading {name}'s {replicas} replicas at 70 %")
+
     def wait_replicas(self, name: str, predicate: Any, timeout: float, what: str) -> int:
         def check() -> tuple[int] | None:
             n = self.replicas(name)

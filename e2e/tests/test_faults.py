@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from kubernetes import client as k8s
 
 from e2e.tests.conftest import Cluster, wait_until
@@ -88,29 +87,9 @@ def holding_decisions(op: Operator, name: str) -> float:
 def steady_at_three(workloads: Workloads, name: str, **spec: Any) -> None:
     """A workload at 3 ready replicas, 70 % busy, decided with known metrics."""
     workloads.deployment(name, replicas=3)
-    busy_before_sizing(workloads, name, 3)
+    workloads.busy(name, 3)
     assert workloads.sizing(name, sizing_spec(name, **spec)).returncode == 0
     workloads.wait_condition(name, "MetricsAvailable", "True", timeout=120)
-
-
-def busy_before_sizing(workloads: Workloads, name: str, replicas: int) -> None:
-    """``replicas`` ready replicas of ``name`` at 70 %, as Prometheus reads them, before a
-    sizing exists. The load starts once they are ready: a backlog queued while they start would
-    run them at 100 % until drained (the operator rightly adds a replica), and a first decision
-    on the idle samples from before the load could scale down or to zero."""
-    wait_until(lambda: workloads.ready(name) == replicas, 90, what=f"{replicas} ready")
-    workloads.load(name, 7 * replicas)  # capacity 10 rps each
-    query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{workloads.namespace}",pod=~"{name}-.+"}}'
-
-    def busy() -> bool:
-        answer = requests.get(
-            f"{workloads.cluster.prometheus_url}/api/v1/query", params={"query": query}, timeout=5
-        )
-        answer.raise_for_status()
-        values = [float(s["value"][1]) for s in answer.json()["data"]["result"]]
-        return len(values) == replicas and all(abs(v - 70) <= 2 for v in values)
-
-    wait_until(busy, 60, what=f"Prometheus reading {name}'s {replicas} replicas at 70 %")
 
 
 def scale_to_zero(namespace: str, name: str) -> dict[str, Any]:
@@ -185,7 +164,7 @@ def held_through(
 def test_api_server_restart_mid_cycle_loses_nothing(faults: Faults, workloads: Workloads) -> None:
     workloads.deployment("steady", replicas=2)
     workloads.deployment("grow", replicas=1)
-    busy_before_sizing(workloads, "steady", 2)
+    workloads.busy("steady", 2)
     wait_until(lambda: workloads.ready("grow") == 1, 90, what="grow ready")
     workloads.load("grow", 3)
     for name in ("steady", "grow"):

@@ -7,6 +7,7 @@ every wait polls for a condition with a deadline.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from gpusizer.timefmt import parse_time
 
@@ -16,6 +17,7 @@ from e2e.tests.operator_support import (
     Workloads,
     sizing_spec,
     start_prometheus,
+    stop_operators,
     stop_prometheus,
 )
 
@@ -267,3 +269,35 @@ def test_too_small_mig_slice_is_reported_out_of_memory(
     condition = workloads.wait_condition("oom", "RightSized", "False", "OutOfMemory", timeout=120)
     assert "nvidia.com/mig-1g.10gb" in condition["message"]
     wait_until(lambda: "OutOfMemory" in workloads.event_reasons("oom"), 30, what="OOM event")
+
+
+def test_a_load_change_is_acted_on_at_the_next_read_not_the_next_sync_period(
+    manifests: Cluster, workloads: Workloads, tmp_path: Path
+) -> None:
+    """An operator that reads every second and reads everything only every 10 minutes: the
+    one full read at its start sees the workload steady, and the scale-up after the load
+    triples comes from a read that asked Prometheus for the pods that moved."""
+    workloads.deployment("quick", replicas=1)
+    workloads.busy("quick", 1)
+    assert workloads.sizing("quick", sizing_spec("quick")).returncode == 0
+    paused = stop_operators()  # only one operator acts at a time
+    reader = Operator(manifests, tmp_path, name="reader", sync_period=600, read_period=1)
+    try:
+        reader.start()
+        wait_until(lambda: reader.decisions() >= 1, 60, what="the reader's first decision")
+        workloads.wait_condition("quick", "MetricsAvailable", "True", timeout=60)
+        full_reads = reader.metric("gpusizer_snapshot_duration_seconds_count", read="full")
+        assert workloads.replicas("quick") == 1, "steady at 70 %"
+
+        workloads.load("quick", 21)  # 3 replicas' worth at the 70 % target
+        workloads.wait_replicas("quick", lambda n: n >= 2, 60, "scaled up on a moved read")
+
+        assert reader.metric("gpusizer_snapshot_duration_seconds_count", read="full") == (
+            full_reads
+        ), "no full read came between the change and the write"
+        assert reader.metric("gpusizer_snapshot_duration_seconds_count", read="moved") > 0
+        assert reader.metric("gpusizer_prometheus_query_errors_total") == 0
+    finally:
+        reader.stop()
+        for op in paused:
+            op.start()
