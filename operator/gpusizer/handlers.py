@@ -27,6 +27,7 @@ from prometheus_client import disable_created_metrics, start_http_server
 from gpusizer.actuate.targets import Targets, TargetView, target_view
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION, Server
 from gpusizer.catalog import load_catalog
+from gpusizer.cli import read_period_seconds
 from gpusizer.reconcile import (
     ClusterView,
     Cycle,
@@ -71,7 +72,7 @@ class OperatorSettings:
     prometheus: PrometheusSettings
     tenancy: Tenancy = field(default_factory=Tenancy)
     sync_period_seconds: float = 15.0
-    read_period_seconds: float | None = None  # at most the sync period; None: the sync period
+    read_period_seconds: float | None = None  # at most the sync period; None: the default
     metrics_port: int = 8080
     peering: str | None = None  # a kopf peering name; None runs standalone
     catalog_file: str | None = None
@@ -81,7 +82,7 @@ class OperatorSettings:
 
     @property
     def read_period(self) -> float:
-        return self.read_period_seconds or self.sync_period_seconds
+        return read_period_seconds(self.read_period_seconds, self.sync_period_seconds)
 
 
 def api_client(timeout_seconds: float = API_TIMEOUT_SECONDS) -> k8s.ApiClient:

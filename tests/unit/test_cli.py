@@ -62,9 +62,9 @@ print(mallinfo2().hblkhd >> 20)
 
 @pytest.mark.parametrize(
     ("read", "sync", "expected"),
-    [(None, 15.0, 15.0), (None, 2.0, 2.0), (2.5, 5.0, 2.5), (5.0, 5.0, 5.0)],
+    [(None, 15.0, 2.0), (None, 2.0, 2.0), (None, 1.0, 1.0), (2.5, 5.0, 2.5), (5.0, 5.0, 5.0)],
 )
-def test_the_read_period_defaults_to_the_sync_period(
+def test_the_read_period_defaults_to_two_seconds_or_the_sync_period(
     read: float | None, sync: float, expected: float
 ) -> None:
     assert read_period_seconds(read, sync) == expected

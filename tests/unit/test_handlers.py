@@ -62,11 +62,12 @@ def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
     return registry
 
 
-def test_settings_read_every_sync_period_unless_told_otherwise() -> None:
+def test_settings_read_as_the_command_line_does_unless_told_otherwise() -> None:
     prometheus = PrometheusSettings(url="http://prometheus")
-    assert OperatorSettings(prometheus, sync_period_seconds=7).read_period == 7
+    assert OperatorSettings(prometheus, sync_period_seconds=7).read_period == 2
+    assert OperatorSettings(prometheus, sync_period_seconds=1.5).read_period == 1.5
     assert (
-        OperatorSettings(prometheus, sync_period_seconds=7, read_period_seconds=2).read_period == 2
+        OperatorSettings(prometheus, sync_period_seconds=7, read_period_seconds=3).read_period == 3
     )
 
 
