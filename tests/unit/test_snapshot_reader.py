@@ -115,3 +115,17 @@ async def test_a_moved_read_asks_only_for_signals_the_full_read_has_samples_of()
     moved = await source.moved(base, 3.0)
     assert sent == [f"moved:{GPU_UTIL}"]
     assert moved.signals == base.signals and moved.errors == base.errors and not moved.full
+
+
+async def test_a_failed_moved_read_keeps_the_full_read_and_reports_nothing_new() -> None:
+    # whether Prometheus is failing is the next full read's to say, for every signal at once
+    source = PrometheusSource(PrometheusSettings(url="http://127.0.0.1:1"))
+
+    async def failing(promql: str, signal: str) -> tuple[Any, Problem | None]:
+        return None, Problem(Reason.PROMETHEUS_UNREACHABLE, "connection refused")
+
+    source.query = failing  # type: ignore[method-assign]
+    util = PodSamples(samples={("ns", "a"): Sample(50, 1)})
+    base = Snapshot(time=1.0, signals={GPU_UTIL: util})
+    moved = await source.moved(base, 3.0)
+    assert moved.signals == {GPU_UTIL: util} and moved.errors == {}
