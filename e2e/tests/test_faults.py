@@ -49,8 +49,15 @@ def faults(manifests: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     paused = stop_operators()  # only one operator acts at a time
     prometheus = PrometheusProxy(cluster.prometheus_url)
     api = ApiServerProxy(cluster.apiserver_url)
+    # reading every second with a 2 s sync period: every other read asks only for the pods
+    # that moved, so each fault meets both kinds of read
     op = Operator(
-        cluster, workdir, name="faulty", prometheus_url=prometheus.url, api_server=api.url
+        cluster,
+        workdir,
+        name="faulty",
+        read_period=1,
+        prometheus_url=prometheus.url,
+        api_server=api.url,
     )
     try:
         op.start()
@@ -149,6 +156,7 @@ def held_through(
         what="four more decisions and 20 s during the fault",
     )
     assert faults.prometheus.count(mode) > 0
+    assert faults.op.metric("gpusizer_snapshot_duration_seconds_count", read="moved") > 0
     assert workloads.replicas(name) == held >= 3
     assert generation(workloads, name) == before, "the operator wrote to the target"
     scaled_to_zero = workloads.condition(name, "ScaledToZero")
