@@ -45,13 +45,13 @@ class ScrapeTargets:
         current = sorted(nodes)
         if current == self._nodes:
             return
+        parts = [(node, NODE_METRICS + node) for node in current] + [("gateway", GATEWAY_METRICS)]
         groups = [
             {
                 "targets": [self._address],
-                "labels": {"job": self._job, "instance": node, "__metrics_path__": path},
+                "labels": {"job": self._job, "instance": instance, "__metrics_path__": path},
             }
-            for node, path in [(n, NODE_METRICS + n) for n in current]
-            + [("gateway", GATEWAY_METRICS)]
+            for instance, path in parts
         ]
         partial = self._path.with_name(self._path.name + ".tmp")
         partial.write_text(json.dumps(groups, indent=1))
