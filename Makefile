@@ -90,6 +90,10 @@ demo: venv prometheus cluster-binary ## The main job: the operator on the local 
 bench-decision-quality: venv ## Replay every shared trace through gpusizer, HPA, KEDA, static, optimal
 	$(PY) bench/decision_quality.py
 
+# variables, not $(or ...): a function splits its arguments at the commas of the list
+SIZES ?= 100,1000,5000
+OUT ?= bench-scale.json
+
 .PHONY: bench-scale
 bench-scale: venv prometheus cluster-binary ## Operator scale: one operator, N WorkloadSizings (SIZES=100,1000,5000 OUT=bench-scale.json)
-	$(PY) bench/scale.py --sizes $(or $(SIZES),100,1000,5000) --out $(or $(OUT),bench-scale.json)
+	$(PY) bench/scale.py --sizes $(SIZES) --out $(OUT)
