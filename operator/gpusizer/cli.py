@@ -15,8 +15,8 @@ ENV_PREFIX = "GPUSIZER_"
 # longer than the operator's per-request limit to start arriving
 FLEET_LIST_TIMEOUT_SECONDS = 120.0
 # Between two full reads (a sync period) a read asks only for the pods that moved: at 5,000
-# workloads, every 2 s cost Prometheus 0.1 cores more and the operator 0.17, and took p95
-# change-to-write from 10.4-10.6 s to 8.2 s (bench/README.md, thirteenth session).
+# workloads, every 2 s cost Prometheus 0.1 cores more and the operator about 0.2, and took p95
+# change-to-write from 10.4-10.6 s to 8.2-8.6 s (bench/README.md, thirteenth session).
 DEFAULT_READ_PERIOD_SECONDS = 2.0
 
 
