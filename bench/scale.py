@@ -11,8 +11,7 @@ every WorkloadSizing has been decided, then measures:
   operator's gpusizer_reconcile_duration_seconds_count;
 - operator CPU (cores, from /proc/PID/stat over a steady window) and peak RSS (VmHWM);
 - Prometheus queries per cycle: delta of gpusizer_prometheus_query_duration_seconds_count over
-  the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per cycle: per read, full
-  or moved, with --read-period);
+  the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per read, full or moved);
 - API requests per cycle: delta of gpusizer_kube_api_requests_total (every request of the
   operator's client, status patches included, plus the events kopf posts for it) per cycle;
 - the mean time of a full read and of a moved read, and the CPU of Prometheus and of the
@@ -443,12 +442,12 @@ def measure(
         else math.nan,
         "snapshot_s": round(snapshot_s, 3),
         "moved_read_s": round(read_s("moved"), 3),
-        "prometheus_cpu_cores": round((n1["prometheus"] - n0["prometheus"]) / (t1 - t0), 3)
-        if "prometheus" in neighbours
-        else math.nan,
-        "gpusim_cpu_cores": round((n1["gpusim"] - n0["gpusim"]) / (t1 - t0), 3)
-        if "gpusim" in neighbours
-        else math.nan,
+        **{
+            f"{name}_cpu_cores": round((n1[name] - n0[name]) / (t1 - t0), 3)
+            if name in neighbours
+            else math.nan
+            for name in ("prometheus", "gpusim")
+        },
         "per_cycle": {
             key.split(":", 1)[1]: round(delta(key) / cycles, 2)
             for key in sorted(m1)
