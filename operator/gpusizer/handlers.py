@@ -379,17 +379,16 @@ def register(settings: OperatorSettings) -> None:
             tenancy=config.tenancy,
         )
         memo.status_writer = StatusWriter(client)
+        # what is done once per sync period is done at the read nearest its end
+        once_per_sync_period = config.sync_period_seconds - config.read_period / 2
         # the HPAs and ScaledObjects are listed once per sync period, not at every read:
         # that check is no more urgent than the decisions of workloads that did not change
         lister = AutoscalerLister(client)
         autoscalers: PeriodicCache[None, Mapping[TargetKey, str]] = PeriodicCache(
-            lambda _: lister.list(),
-            config.sync_period_seconds - config.read_period / 2,
+            lambda _: lister.list(), once_per_sync_period
         )
         # every signal for every pod once per sync period; in between, the pods that moved
-        reader = SnapshotReader(
-            prometheus, Server, config.sync_period_seconds - config.read_period / 2
-        )
+        reader = SnapshotReader(prometheus, Server, once_per_sync_period)
         memo.clock = CycleClock(
             functools.partial(fetch_cycle, reader, functools.partial(autoscalers.get, None)),
             config.read_period,
