@@ -46,8 +46,8 @@ from hostinfo import machine
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpusizer.cli import read_period_seconds  # noqa: E402
-from gpusizer.signals.join import MOVE_FRACTION  # noqa: E402
+from gpusizer.settings import read_period_seconds  # noqa: E402
+from gpusizer.signals.queries import MOVE_FRACTION  # noqa: E402
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
 from e2e.tests.operator_support import (  # noqa: E402

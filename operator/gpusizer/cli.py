@@ -10,14 +10,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gpusizer.settings import DEFAULT_READ_PERIOD_SECONDS
+
 ENV_PREFIX = "GPUSIZER_"
 # `recommend` lists every pod of the cluster in one request: a large cluster's list can take
 # longer than the operator's per-request limit to start arriving
 FLEET_LIST_TIMEOUT_SECONDS = 120.0
-# Between two full reads (a sync period) a read asks only for the pods that moved: at 5,000
-# workloads, every 2 s cost Prometheus 0.1 cores more and the operator about 0.2, and took p95
-# change-to-write from 10.4-10.6 s to 8.2-8.6 s (bench/README.md, thirteenth session).
-DEFAULT_READ_PERIOD_SECONDS = 2.0
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -163,7 +161,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 # glibc raises its mmap threshold to the largest block freed, so each cycle's megabytes of
 # Prometheus responses came from the heap, whose freed pages it keeps: pinned at its default,
-# the operator's steady RSS at 5,000 workloads went from 587 to 529 MiB (bench/scale.py)
+# the operator's steady RSS is lower (bench/README.md)
 MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
 
@@ -178,26 +176,14 @@ def pin_malloc_mmap_threshold() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES))
 
 
-def read_period_seconds(read_period: float | None, sync_period: float) -> float:
-    """`--read-period`, or its default (DEFAULT_READ_PERIOD_SECONDS, or the sync period when
-    that is shorter); ValueError naming both flags when it is not in (0, sync period]: a read
-    less often than the decisions would leave them nothing new."""
-    if read_period is None:
-        read_period = min(DEFAULT_READ_PERIOD_SECONDS, sync_period)
-    if not 0 < read_period <= sync_period:
-        raise ValueError(
-            f"--read-period ({read_period:g}) must be above 0 and at most "
-            f"--sync-period ({sync_period:g})"
-        )
-    return read_period
-
-
 def _run(args: argparse.Namespace) -> int:
-    import kopf
-
-    from gpusizer import handlers
-    from gpusizer.signals.promql import Tenancy
-    from gpusizer.signals.source import PrometheusSettings
+    from gpusizer.main import run_operator
+    from gpusizer.settings import (
+        OperatorSettings,
+        PrometheusSettings,
+        Tenancy,
+        read_period_seconds,
+    )
 
     if not args.prometheus_url:
         print(
@@ -221,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         with open(args.prometheus_basic_auth_password_file, encoding="utf-8") as f:
             basic_auth = (args.prometheus_basic_auth_user, f.read().strip())
-    settings = handlers.OperatorSettings(
+    settings = OperatorSettings(
         prometheus=PrometheusSettings(
             url=args.prometheus_url.rstrip("/"),
             timeout_seconds=args.prometheus_timeout,
@@ -244,17 +230,7 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
     if not pin_malloc_mmap_threshold():
         logging.getLogger(__name__).info("not glibc: its malloc is left as it is")
-    handlers.register(settings)
-    asyncio.run(
-        kopf.operator(
-            clusterwide=not args.namespace,
-            namespaces=args.namespace or (),
-            standalone=settings.peering is None,
-            peering_name=settings.peering,
-            liveness_endpoint=f"http://{args.health_address}/healthz",
-            memo=kopf.Memo(config=settings),
-        )
-    )
+    run_operator(settings, args.namespace, args.health_address)
     return 0
 
 
@@ -315,9 +291,10 @@ def _recommend(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gpusizer.catalog import load_catalog
-    from gpusizer.handlers import api_client
+    from gpusizer.kube import api_client
     from gpusizer.report.fleet import fleet_report, render_json, render_table
-    from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+    from gpusizer.settings import PrometheusSettings
+    from gpusizer.signals.prometheus import PrometheusSource
 
     if not args.prometheus_url:
         print("gpusizer recommend: --prometheus-url is required", file=sys.stderr)
@@ -364,7 +341,7 @@ def configure_logging(log_format: str, log_level: str) -> None:
 
 def _drop_routine_success_lines(record: logging.LogRecord) -> bool:
     """kopf logs "Daemon 'size_workload' succeeded." for every workload whenever the operator
-    stops or pauses: 5,000 lines at 5,000 workloads, which say nothing. Failures stay."""
+    stops or pauses: one line per workload, which says nothing. Failures stay."""
     return not (record.levelno == logging.INFO and str(record.msg).endswith("succeeded."))
 
 

@@ -1,358 +1,190 @@
-"""observe -> decide -> actuate -> report, for one WorkloadSizing.
+"""One turn of one WorkloadSizing: the checks that end it, then observe, decide, act, report.
 
-Kopf-free: the handler passes the object's parts in and posts the events and status patch this
-returns, so the flow is testable and the handlers stay thin.
+Kopf-free: the caller passes the object and the cycle's shared reads in, and posts the events
+and the status patch this returns. Every step is a function of its inputs and the ports it is
+given (`gpusizer.ports`), so each branch has a table test (tests/unit/test_reconcile.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpusizer.actuate.targets import (
+from gpusizer.actuate.target_view import (
     ScaleConflict,
     TargetNotFound,
     TargetProblem,
-    Targets,
     TargetView,
-    cached_kind,
 )
-from gpusizer.api.v1alpha1 import Mode, TargetRef, WorkloadSizingSpec
-from gpusizer.policy.replicas import ReplicaCounts, ReplicaDecision, decide_replicas
+from gpusizer.api.annotations import PAUSE_ANNOTATION
+from gpusizer.api.v1alpha1 import (
+    Mode,
+    Observation,
+    WorkloadSizingSpec,
+)
+from gpusizer.clock import Cycle
+from gpusizer.cluster import ClusterView, WorkloadObject
+from gpusizer.memory import Memory, SpecCache
+from gpusizer.policy.replicas import History, ReplicaCounts, ReplicaDecision, decide_replicas
+from gpusizer.ports import MetricsSource, TargetClient
 from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import (
     ConditionState,
     flipped,
+    history_fields,
     history_from_status,
-    history_to_status,
-    merge_conditions,
-    refresh_seconds,
-    status_patch,
 )
-from gpusizer.rightsizing import RightSizingOutcome, RightSizingSettings, right_size
-from gpusizer.signals.autoscalers import TargetKey
-from gpusizer.signals.discovery import NodeInfo
-from gpusizer.signals.join import WorkloadSignals, moved_pods, workload_signals
-from gpusizer.signals.parse import PodKey
-from gpusizer.signals.pods import PodInfo, equality_term, matches_selector
-from gpusizer.signals.promql import InvalidQuery, Tenancy, UserQueries, user_queries
-from gpusizer.signals.source import PrometheusSource, Snapshot, SnapshotReader
+from gpusizer.report.turn import Outcome, Report
+from gpusizer.rightsizing import RightSizer, RightSizingOutcome, Sized
+from gpusizer.settings import Tenancy
+from gpusizer.signals.join import WorkloadSignals, workload_signals
+from gpusizer.signals.pods import PodInfo
+from gpusizer.signals.reader import read_custom_queue
+from gpusizer.signals.snapshot import Snapshot
+from gpusizer.signals.user_queries import InvalidQuery, UserQueries, user_queries
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
 log = logging.getLogger(__name__)
 
-PAUSE_ANNOTATION = "gpusizer.io/paused"
 # The observation and condition wording are rewritten at most this often without another change.
 STATUS_REFRESH_SECONDS = 60.0
 
 
-@dataclass
-class Outcome:
-    status_patch: dict[str, Any]
-    events: list[EventIntent] = field(default_factory=list)
-    pods: tuple[PodKey, ...] = ()  # the pods the decision read: see Cycle.moved
+@dataclass(frozen=True)
+class Services:
+    """The ports a turn reads and writes through, and the rules it reports by."""
 
-
-@dataclass
-class Cycle:
-    """What one sync period's shared reads returned, for every workload."""
-
-    snapshot: Snapshot
-    autoscalers: Mapping[TargetKey, str]
-    error: str | None = None
-    workloads: int = 0  # how many decide on it
-    # pods whose readings moved since the previous cycle: their workloads are decided first
-    moved: frozenset[PodKey] = frozenset()
-
-
-async def fetch_cycle(
-    reader: SnapshotReader,
-    list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
-) -> Cycle:
-    """The batched Prometheus snapshot and the list of other autoscalers, for every workload."""
-    started = time.monotonic()
-    snapshot = await reader.read()
-    metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
-        time.monotonic() - started
-    )
-    try:
-        owners = await list_autoscalers()
-        error = None
-    except Exception as exc:  # the API server is down or refusing: say so, act on nothing
-        log.warning("listing HPAs and ScaledObjects failed: %s", exc)
-        owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
-    return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
-
-
-Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first
-
-
-class CycleClock:
-    """One snapshot per read period, handed to every workload the moment it arrives.
-
-    Each workload waits here for the next cycle instead of running on a timer of its own: with
-    timers a change waited up to a period for the shared snapshot and up to another for the
-    workload's own tick (bench/scale.py). Nothing is fetched while no workload listens (a
-    replica paused behind its peer).
-
-    A workload decides on every `decide_every`-th cycle (one sync period's worth of reads) and
-    on any cycle in which it changed: a load change is acted on at the next read, while the
-    workloads that did not change cost one decision per sync period (at 5,000 workloads one
-    round of decisions takes most of a 5 s period, bench/scale.py `cycle_s`).
-
-    A cycle wakes every workload at once and most decisions never wait, so one pass of the
-    event loop would run all of them back to back (seconds at 5,000 workloads) while the
-    watches, the event poster and the next snapshot wait: workloads take turns, one decision
-    starting per pass, the others queued in order. Urgent ones (a workload whose readings
-    moved) queue ahead of the rest: a load change would otherwise wait behind up to a whole
-    round of unchanged decisions, about 5 s at 5,000 workloads (bench/scale.py `cycle_s`)."""
-
-    def __init__(
-        self,
-        fetch: Callable[[], Awaitable[Cycle]],
-        period_seconds: float,
-        monotonic: Callable[[], float] = time.monotonic,
-        decide_every: int = 1,
-    ) -> None:
-        self._fetch = fetch
-        self._period = period_seconds
-        self._decide_every = decide_every
-        self._monotonic = monotonic  # for a cycle's age
-        self._turn_taken = False
-        # workloads waiting for their turn, each with what says whether a cycle is urgent to it
-        self._turns: collections.deque[tuple[asyncio.Future[None], Urgency]] = collections.deque()
-        self._urgent_turns: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._listeners = 0
-        self._number = 0
-        self._latest: Cycle | None = None
-        self._published_at = 0.0
-        self._arrived: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._wanted = asyncio.Event()
-
-    async def run(self) -> None:
-        """Fetch at every period while a workload listens; runs until cancelled."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._listeners:
-                self._wanted.clear()
-                await self._wanted.wait()
-            started = loop.time()
-            try:
-                self.publish(await self._fetch())
-            except Exception:  # a bug, not an outage (fetch reports those): keep the beat
-                log.exception("fetching the cycle's metrics failed")
-            # the beat itself: the next period starts one period after this one did
-            await asyncio.sleep(max(0.0, self._period - (loop.time() - started)))
-
-    def publish(self, cycle: Cycle) -> None:
-        before = self._latest.snapshot if self._latest is not None else None
-        self._latest = replace(
-            cycle, workloads=self._listeners, moved=moved_pods(before, cycle.snapshot)
-        )
-        # those still waiting from the last round (most of them, when a round of decisions
-        # takes nearly a period) move up if this cycle is urgent to them
-        waiting, self._turns = self._turns, collections.deque()
-        for turn, urgent in waiting:
-            self._queue(turn, urgent)
-        self._published_at = self._monotonic()
-        self._number += 1
-        arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
-        arrived.set_result(None)
-
-    @contextlib.contextmanager
-    def listening(self) -> Iterator[None]:
-        self._listeners += 1
-        self._wanted.set()
-        try:
-            yield
-        finally:
-            self._listeners -= 1
-
-    async def cycles(
-        self,
-        until: asyncio.Future[Any],
-        urgent: Urgency = lambda _: False,
-        changed: Callable[[Cycle], bool] = lambda _: False,
-    ) -> AsyncIterator[Cycle]:
-        """The cycles to decide on from now on, until `until` is done: every `decide_every`-th
-        since the last one decided on, and any in which `changed` says the workload changed,
-        the turn taken ahead of the others when `urgent` says so. One that arrives while the
-        caller is still busy with the previous is skipped for the newest, which is then decided
-        on: what changed in the skipped one is not in the newest's changes. The first is the
-        latest if it is at most a period old: after a pause it may be hours old.
-
-        No cycle is kept here while waiting, for a turn or for the next cycle: every waiting
-        workload held the one it last saw, and each cycle's snapshot with it (up to seven snapshots
-        alive during the first round at 1,000 workloads, bench/README.md)."""
-        decided = looked = 0  # the numbers of the cycles last decided on and last looked at
-        while not until.done():
-            if (
-                self._latest is not None
-                and self._number > looked
-                and (decided or not self._stale())
-            ):
-                skipped = self._number > looked + 1
-                looked = self._number
-                if (
-                    not decided
-                    or skipped
-                    or looked - decided >= self._decide_every
-                    or changed(self._latest)
-                ):
-                    await self._turn(urgent)
-                    if until.done():
-                        return
-                    # the newest: another may have come while this workload waited for its turn
-                    decided = looked = self._number
-                    yield self._latest
-                    continue
-            await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
-
-    async def _turn(self, urgent: Urgency) -> None:
-        """Returns when it is this workload's turn; the next one's comes at the next pass of
-        the loop, whether this decision is done by then or waits for a write."""
-        loop = asyncio.get_running_loop()
-        if self._turn_taken:
-            waiting = loop.create_future()
-            self._queue(waiting, urgent)
-            await waiting  # the turn is handed over taken
-        else:
-            self._turn_taken = True
-        loop.call_soon(self._pass_turn)
-
-    def _queue(self, waiting: asyncio.Future[None], urgent: Urgency) -> None:
-        """Ahead of the rest if the latest cycle is urgent to it."""
-        if self._latest is not None and urgent(self._latest):
-            self._urgent_turns.append(waiting)
-        else:
-            self._turns.append((waiting, urgent))
-
-    def _pass_turn(self) -> None:
-        while self._urgent_turns or self._turns:
-            waiting = (
-                self._urgent_turns.popleft() if self._urgent_turns else self._turns.popleft()[0]
-            )
-            if not waiting.done():  # done: its workload was cancelled while it waited
-                waiting.set_result(None)
-                return
-        self._turn_taken = False
-
-    def _stale(self) -> bool:
-        return self._monotonic() - self._published_at > self._period
-
-
-class SpecCache:
-    """Each workload's spec as validated at its generation: validating every spec every cycle
-    was a fifth of a decision's time at 1,000 workloads (bench/scale.py profile). The API
-    server bumps the generation at every change of the spec, so once per generation suffices."""
-
-    def __init__(self) -> None:
-        self._specs: dict[tuple[str, str], tuple[int, WorkloadSizingSpec]] = {}
-
-    def get(
-        self, namespace: str, name: str, generation: int | None, raw: Mapping[str, Any]
-    ) -> WorkloadSizingSpec:
-        """The validated spec; raises ValidationError, and then validates again next time."""
-        known = self._specs.get((namespace, name))
-        if known is not None and generation is not None and known[0] == generation:
-            return known[1]
-        spec = WorkloadSizingSpec.model_validate(raw)
-        if generation is not None:
-            self._specs[(namespace, name)] = (generation, spec)
-        return spec
-
-    def forget(self, namespace: str, name: str) -> None:
-        self._specs.pop((namespace, name), None)
-
-
-@dataclass
-class Dependencies:
-    prometheus: PrometheusSource
-    targets: Targets
-    rightsizing: RightSizingSettings
+    metrics: MetricsSource
+    targets: TargetClient
+    right_sizer: RightSizer
     tenancy: Tenancy = field(default_factory=Tenancy)
     status_refresh_seconds: float = STATUS_REFRESH_SECONDS
-    # when this process last decided each workload: see History.decided_at
-    decided: dict[tuple[str, str], float] = field(default_factory=dict)
-    specs: SpecCache = field(default_factory=SpecCache)
-    # the resourceVersion of each workload's target as the watch showed it when a scale write
-    # found the API server's copy newer: see watched_target
-    watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
-
-    def forget(self, namespace: str, name: str) -> None:
-        self.decided.pop((namespace, name), None)
-        self.specs.forget(namespace, name)
-        self.watch_behind.pop((namespace, name), None)
-
-    def watched_target(
-        self, namespace: str, name: str, ref: TargetRef, view: ClusterView
-    ) -> TargetView | None:
-        """The watch's copy of the target, unless a write found it out of date and the watch
-        has shown nothing newer since. A watch whose connection a partition left silent shows
-        an old copy until kopf's 70 s inactivity timeout: deciding on that copy meant a
-        conflicting write every cycle and no scaling at all."""
-        cached = view.target(namespace, ref)
-        behind = self.watch_behind.get((namespace, name))
-        if cached is None or behind is None:
-            return cached
-        if cached.resource_version == behind:
-            return None
-        del self.watch_behind[(namespace, name)]
-        return cached
-
-    def found_behind(self, namespace: str, name: str, watched: TargetView) -> None:
-        """A write found the API server's copy of the target newer than the watch's."""
-        self.watch_behind[(namespace, name)] = watched.resource_version
 
 
-PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
+class TurnEnded(Exception):
+    """A check ended the turn before any decision; the condition says why."""
+
+    def __init__(self, condition: ConditionState, **status: Any) -> None:
+        super().__init__(condition.message)
+        self.condition = condition
+        self.status = status  # WorkloadSizingStatus fields the turn still reports
 
 
 @dataclass(frozen=True)
-class ClusterView:
-    """What the watches show: pods by namespace and by label, GPU nodes by name, and
-    Deployments and StatefulSets by kind, then (namespace, name)."""
+class Checked:
+    """What the checks established: the workload may be decided on this turn."""
 
-    pods_by_namespace: Mapping[str, Iterable[PodInfo]]
-    nodes: Mapping[str, NodeInfo]
-    pods_by_label: Mapping[PodLabelKey, Iterable[PodInfo]] | None = None
-    targets: Mapping[str, Mapping[tuple[str, str], TargetView]] | None = None
+    obj: WorkloadObject
+    spec: WorkloadSizingSpec
+    queries: UserQueries  # the spec's PromQL as it is sent
+    target: TargetView
+    watched: TargetView | None  # the watch's copy the target came from, if it did
 
-    def target(self, namespace: str, ref: TargetRef) -> TargetView | None:
-        """The target as the watch shows it, so a cycle over thousands of workloads sends no
-        GET for them; None (another kind, or one the watch has not shown yet) means read it
-        from the API server, which also says exactly why when it does not exist."""
-        if self.targets is None or not cached_kind(ref):
-            return None
-        return self.targets.get(ref.kind, {}).get((namespace, ref.name))
 
-    def pods(self, namespace: str) -> Iterable[PodInfo]:
-        return self.pods_by_namespace.get(namespace, ())
+@dataclass(frozen=True)
+class Acted:
+    """What the act step did: the Ready condition it leaves, and the replicas and history
+    after any write."""
 
-    def selected(self, namespace: str, selector: str) -> list[PodInfo]:
-        """The namespace's pods a target's selector matches: through the label index when the
-        selector has a key=value term, so a cycle over every workload of a namespace does not
-        match each selector against each pod of it."""
-        term = equality_term(selector)
-        if term is None or self.pods_by_label is None:
-            candidates = self.pods(namespace)
-        else:
-            candidates = self.pods_by_label.get((namespace, *term), ())
-        return [p for p in candidates if matches_selector(p.labels, selector)]
+    ready: ConditionState
+    current: int
+    history: History
+    last_scale_time: str | None
+    events: tuple[EventIntent, ...] = ()
 
-    def all_pods(self) -> Iterable[PodInfo]:
-        for pods in self.pods_by_namespace.values():
-            yield from pods
+
+async def reconcile(
+    obj: WorkloadObject,
+    view: ClusterView,
+    cycle: Cycle,
+    services: Services,
+    memory: Memory,
+    now: float,
+) -> Outcome:
+    """A valid spec, a target that can be read and that no other autoscaler owns; then what
+    its pods show, the replica decision, right-sizing, the write the mode and the pause allow,
+    and the status and events that say so."""
+    report = Report(obj, cycle.workloads, services.status_refresh_seconds, now)
+    try:
+        checked = await checks(obj, view, cycle, services, memory)
+    except TurnEnded as ended:
+        return report.finish(ended.status, [ended.condition])
+    spec, target = checked.spec, checked.target
+    pods = view.selected(obj.namespace, target.selector)
+    signals = await observe(checked, pods, cycle.snapshot, services.metrics, now)
+    decision = decide(checked, pods, signals, memory, now)
+    paused_by = pause_source(obj.annotations, target)
+    sizing = RightSizingOutcome()
+    if spec.right_sizing.mode != Mode.OFF:
+        sizing = await services.right_sizer.size(
+            spec,
+            Sized(obj.namespace, target, pods, view),
+            now,
+            may_act=spec.mode == Mode.AUTO and paused_by is None,
+        )
+    hold = holding(checked, decision, paused_by, sizing.reshaping)
+    acted = await act(checked, decision, hold, services.targets, memory, now)
+    report.events.extend([*sizing.events, *acted.events])
+    status: dict[str, Any] = {
+        "current_replicas": acted.current,
+        "desired_replicas": decision.desired,
+        "observation": _observation(signals, now),
+        "last_scale_time": acted.last_scale_time,
+        **history_fields(acted.history),
+    }
+    if sizing.recommendation is not None:
+        status["recommendation"] = sizing.recommendation
+    conditions = [
+        acted.ready,
+        report.metrics_condition(signals, decision, checked.queries.restricted),
+        _scaled_to_zero(acted.current, decision),
+        _scaling_limited(decision),
+    ]
+    sized = sizing.condition or _out_of_memory(pods)
+    if sized is not None:
+        conditions.append(sized)
+    return report.finish(status, conditions, pods=tuple((p.namespace, p.name) for p in pods))
+
+
+async def checks(
+    obj: WorkloadObject,
+    view: ClusterView,
+    cycle: Cycle,
+    services: Services,
+    memory: Memory,
+) -> Checked:
+    """The checks that end the turn, in order; raises TurnEnded."""
+    spec, queries = valid_spec(obj, memory.specs, services.tenancy)
+    target, watched = await readable_target(obj, spec, view, services.targets, memory)
+    stand_back_from_other_autoscalers(obj.namespace, spec, target, cycle)
+    return Checked(obj, spec, queries, target, watched)
+
+
+def _ended(reason: Reason, message: str, ready: bool = False, **status: Any) -> TurnEnded:
+    return TurnEnded(ConditionState(ConditionType.READY, ready, reason, message), **status)
+
+
+def valid_spec(
+    obj: WorkloadObject, specs: SpecCache, tenancy: Tenancy
+) -> tuple[WorkloadSizingSpec, UserQueries]:
+    """The spec and its queries as they will be sent; a spec that is invalid, or Off, ends
+    the turn."""
+    try:
+        spec = specs.get(obj.namespace, obj.name, obj.generation, obj.spec)
+        queries = user_queries(spec, obj.namespace, tenancy)
+    except ValidationError as exc:
+        raise _ended(Reason.INVALID_SPEC, _spec_error(exc)) from exc
+    except InvalidQuery as exc:
+        raise _ended(Reason.INVALID_SPEC, str(exc)) from exc
+    if spec.mode == Mode.OFF:
+        raise _ended(Reason.MODE_OFF, "mode is Off", ready=True)
+    return spec, queries
 
 
 def _spec_error(error: ValidationError) -> str:
@@ -363,224 +195,203 @@ def _spec_error(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def reconcile(
-    namespace: str,
-    name: str,
-    spec_raw: Mapping[str, Any],
-    status_raw: Mapping[str, Any] | None,
-    annotations: Mapping[str, str],
-    generation: int | None,
+async def readable_target(
+    obj: WorkloadObject,
+    spec: WorkloadSizingSpec,
     view: ClusterView,
-    cycle: Cycle,
-    deps: Dependencies,
-    now: float | None = None,
-) -> Outcome:
-    now = time.time() if now is None else now
-    old_conditions = (status_raw or {}).get("conditions")
-    events: list[EventIntent] = []
-    read_pods: tuple[PodKey, ...] = ()
-
-    def finish(status: dict[str, Any], conditions: list[ConditionState]) -> Outcome:
-        for state in conditions:
-            if state.status is False and flipped(old_conditions, state.type, False, state.reason):
-                event = _warning_for(state)
-                if event is not None:
-                    events.append(event)
-        metrics_now = next(
-            (s for s in conditions if s.type == ConditionType.METRICS_AVAILABLE), None
-        )
-        if (
-            metrics_now is not None
-            and metrics_now.status
-            and _was_false(old_conditions, ConditionType.METRICS_AVAILABLE)
-        ):
-            events.append(
-                EventIntent("Normal", EventReason.METRICS_RECOVERED, "all signals are known again")
-            )
-        merged = merge_conditions(old_conditions, conditions, now, generation)
-        metrics.WORKLOADS.set_conditions(namespace, name, merged)
-        status = {**status, "observedGeneration": generation, "conditions": merged}
-        refresh = refresh_seconds(deps.status_refresh_seconds, cycle.workloads)
-        patch = status_patch(status_raw, status, now, refresh)
-        return Outcome(status_patch=patch, events=events, pods=read_pods)
-
+    targets: TargetClient,
+    memory: Memory,
+) -> tuple[TargetView, TargetView | None]:
+    """The target, from the watch when it holds an up-to-date copy, else from the API server;
+    and the watch's copy (None when it was read). One that is gone or has no /scale ends the
+    turn."""
     try:
-        spec = deps.specs.get(namespace, name, generation, spec_raw)
-    except ValidationError as exc:
-        message = _spec_error(exc)
-        return finish(
-            {}, [ConditionState(ConditionType.READY, False, Reason.INVALID_SPEC, message)]
-        )
-
-    try:
-        queries = user_queries(spec, namespace, deps.tenancy)
-    except InvalidQuery as exc:
-        return finish(
-            {}, [ConditionState(ConditionType.READY, False, Reason.INVALID_SPEC, str(exc))]
-        )
-
-    if spec.mode == Mode.OFF:
-        return finish(
-            {}, [ConditionState(ConditionType.READY, True, Reason.MODE_OFF, "mode is Off")]
-        )
-
-    try:
-        watched = deps.watched_target(namespace, name, spec.target_ref, view)
-        target = watched or await deps.targets.read(namespace, spec.target_ref)
+        watched = memory.watched_target(obj.namespace, obj.name, spec.target_ref, view)
+        target = watched or await targets.read(obj.namespace, spec.target_ref)
     except TargetNotFound as exc:
-        return finish(
-            {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_FOUND, str(exc))]
-        )
+        raise _ended(Reason.TARGET_NOT_FOUND, str(exc)) from exc
     except TargetProblem as exc:
-        return finish(
-            {}, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_SCALABLE, str(exc))]
-        )
+        raise _ended(Reason.TARGET_NOT_SCALABLE, str(exc)) from exc
+    return target, watched
 
+
+def stand_back_from_other_autoscalers(
+    namespace: str, spec: WorkloadSizingSpec, target: TargetView, cycle: Cycle
+) -> None:
+    """Ends the turn when an HPA or ScaledObject scales the target, or when the list that
+    would say so failed: a target not proven unowned is not touched."""
     if cycle.error is not None:
-        return finish(
-            {"currentReplicas": target.replicas},
-            [
-                ConditionState(
-                    ConditionType.READY, False, Reason.AUTOSCALER_CHECK_FAILED, cycle.error
-                )
-            ],
-        )
-    owner = cycle.autoscalers.get((namespace, spec.target_ref.kind, spec.target_ref.name))
+        raise _ended(Reason.AUTOSCALER_CHECK_FAILED, cycle.error, current_replicas=target.replicas)
+    ref = spec.target_ref
+    owner = cycle.autoscalers.get((namespace, ref.kind, ref.name))
     if owner is not None:
-        message = (
-            f"{owner} already scales {spec.target_ref.kind} {spec.target_ref.name}; standing back"
-        )
-        return finish(
-            {"currentReplicas": target.replicas},
-            [ConditionState(ConditionType.READY, False, Reason.CONFLICTING_AUTOSCALER, message)],
+        raise _ended(
+            Reason.CONFLICTING_AUTOSCALER,
+            f"{owner} already scales {ref.kind} {ref.name}; standing back",
+            current_replicas=target.replicas,
         )
 
-    owned = view.selected(namespace, target.selector)
-    read_pods = tuple((p.namespace, p.name) for p in owned)
-    signals = await _workload_signals(spec, queries, owned, cycle.snapshot, deps.prometheus, now)
+
+async def observe(
+    checked: Checked,
+    pods: list[PodInfo],
+    snapshot: Snapshot,
+    source: MetricsSource,
+    now: float,
+) -> WorkloadSignals:
+    """The workload's signals: the shared snapshot joined to its pods, plus its own queue and
+    wake queries, if it has them."""
+    spec, queries = checked.spec, checked.queries
+    custom = await read_custom_queue(source, queries.queue) if queries.queue else None
+    wake = None
+    if spec.scale_to_zero.enabled and queries.wake:
+        wake = await source.scalar(queries.wake)
+    return workload_signals(spec, pods, snapshot, now, custom_queue=custom, wake=wake)
+
+
+def decide(
+    checked: Checked,
+    pods: list[PodInfo],
+    signals: WorkloadSignals,
+    memory: Memory,
+    now: float,
+) -> ReplicaDecision:
+    """The replica policy on what the cluster and the metrics show, with the history the
+    status carries."""
+    obj, target = checked.obj, checked.target
     counts = ReplicaCounts(
         current=target.replicas,
-        ready=sum(1 for p in owned if p.ready and not p.terminating),
-        starting=sum(1 for p in owned if p.starting),
+        ready=sum(1 for p in pods if p.ready and not p.terminating),
+        starting=sum(1 for p in pods if p.starting),
         unobserved=signals.unobserved,
     )
-    history = replace(
-        history_from_status(status_raw), decided_at=deps.decided.get((namespace, name))
-    )
-    decision = decide_replicas(spec, counts, signals.signals, history, now)
-    deps.decided[(namespace, name)] = now
+    key = (obj.namespace, obj.name)
+    history = replace(history_from_status(obj.status), decided_at=memory.decided.get(key))
+    decision = decide_replicas(checked.spec, counts, signals.signals, history, now)
+    memory.decided[key] = now
     metrics.WORKLOADS.decided(
-        namespace,
-        name,
+        obj.namespace,
+        obj.name,
         decision.reason.value,
         desired=decision.desired,
         current=target.replicas,
         known=decision.metrics_known,
     )
+    return decision
 
-    paused_by = _paused_by(annotations, target)
-    sizing = RightSizingOutcome()
-    if spec.right_sizing.mode != Mode.OFF:
-        sizing = await right_size(
-            spec,
-            namespace,
-            target,
-            owned,
-            view.all_pods,
-            view.nodes,
-            deps.rightsizing,
-            deps.targets,
-            may_act=spec.mode == Mode.AUTO and paused_by is None,
-            now=now,
-        )
-        events.extend(sizing.events)
-    history = decision.history
-    current = target.replicas
-    last_scale_time = (status_raw or {}).get("lastScaleTime")
-    ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, decision.message)
-    if spec.mode == Mode.RECOMMEND:
-        ready_state = ConditionState(
-            ConditionType.READY,
-            True,
-            Reason.RECOMMEND_ONLY,
-            f"would set {decision.desired}: {decision.message}",
-        )
-    elif paused_by is not None:
-        ready_state = ConditionState(
-            ConditionType.READY,
-            True,
-            Reason.PAUSED,
-            f"paused by the {PAUSE_ANNOTATION} annotation on {paused_by}",
-        )
-        if flipped(old_conditions, ConditionType.READY, True, Reason.PAUSED):
-            events.append(EventIntent("Normal", EventReason.PAUSED, ready_state.message))
-    elif sizing.reshaping:
-        ready_state = ConditionState(
-            ConditionType.READY,
-            True,
-            Reason.RESHAPING,
-            f"replicas wait for the slice change to roll out (would set {decision.desired})",
-        )
-    elif decision.desired != target.replicas:
-        try:
-            await deps.targets.write(namespace, spec.target_ref, target.replicas, decision.desired)
-        except ScaleConflict as exc:
-            if watched is not None:
-                deps.found_behind(namespace, name, watched)
-            metrics.WORKLOADS.scale_written(namespace, name, "conflict")
-            log.info("%s/%s: %s", namespace, name, exc)
-            ready_state = ConditionState(ConditionType.READY, True, Reason.ACTING, str(exc))
-        except TargetProblem as exc:
-            metrics.WORKLOADS.scale_written(namespace, name, "error")
-            ready_state = ConditionState(ConditionType.READY, False, Reason.SCALE_FAILED, str(exc))
-        else:
-            metrics.WORKLOADS.scale_written(namespace, name, "ok")
-            history = history.with_scale_event(now, target.replicas, decision.desired)
-            current = decision.desired
-            last_scale_time = iso(now)
-            events.append(_scale_event(target.replicas, decision))
 
-    status: dict[str, Any] = {
-        "currentReplicas": current,
-        "desiredReplicas": decision.desired,
-        "observation": _observation(signals, now),
-        "lastScaleTime": last_scale_time,
-        **history_to_status(history),
-    }
-    if sizing.recommendation is not None:
-        status["recommendation"] = sizing.recommendation
-    metrics_state = _metrics_condition(signals, decision, queries.restricted)
-    if queries.restricted and flipped(
-        old_conditions,
-        ConditionType.METRICS_AVAILABLE,
-        metrics_state.status is True,
-        Reason.QUERY_RESTRICTED,
-    ):
-        events.append(
-            EventIntent("Warning", EventReason.QUERY_RESTRICTED, "; ".join(queries.restricted))
-        )
-    conditions = [
-        ready_state,
-        metrics_state,
-        ConditionState(
+def pause_source(annotations: Mapping[str, str], target: TargetView) -> str | None:
+    """Which object carries the pause annotation, if either does."""
+    if str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true":
+        return "the WorkloadSizing"
+    if str(target.annotations.get(PAUSE_ANNOTATION, "")).lower() == "true":
+        return "the target"
+    return None
+
+
+def holding(
+    checked: Checked, decision: ReplicaDecision, paused_by: str | None, reshaping: bool
+) -> tuple[ConditionState, tuple[EventIntent, ...]] | None:
+    """What holds the replicas where they are, if anything does: the Ready condition that says
+    so, and the Event when a pause begins."""
+    if checked.spec.mode == Mode.RECOMMEND:
+        message = f"would set {decision.desired}: {decision.message}"
+        return _ready(Reason.RECOMMEND_ONLY, message), ()
+    if paused_by is not None:
+        message = f"paused by the {PAUSE_ANNOTATION} annotation on {paused_by}"
+        old = checked.obj.status.get("conditions")
+        events: tuple[EventIntent, ...] = ()
+        if flipped(old, ConditionType.READY, True, Reason.PAUSED):
+            events = (EventIntent("Normal", EventReason.PAUSED, message),)
+        return _ready(Reason.PAUSED, message), events
+    if reshaping:
+        message = f"replicas wait for the slice change to roll out (would set {decision.desired})"
+        return _ready(Reason.RESHAPING, message), ()
+    return None
+
+
+async def act(
+    checked: Checked,
+    decision: ReplicaDecision,
+    hold: tuple[ConditionState, tuple[EventIntent, ...]] | None,
+    targets: TargetClient,
+    memory: Memory,
+    now: float,
+) -> Acted:
+    """Writes the decided replicas, unless something holds them; a write that conflicts or
+    fails is said in the Ready condition."""
+    obj, target = checked.obj, checked.target
+    unchanged = Acted(
+        _ready(Reason.ACTING, decision.message),
+        target.replicas,
+        decision.history,
+        obj.status.get("lastScaleTime"),
+    )
+    if hold is not None:
+        ready, events = hold
+        return replace(unchanged, ready=ready, events=events)
+    if decision.desired == target.replicas:
+        return unchanged
+    namespace, name, ref = obj.namespace, obj.name, checked.spec.target_ref
+    try:
+        await targets.write(namespace, ref, target.replicas, decision.desired)
+    except ScaleConflict as exc:
+        if checked.watched is not None:
+            memory.found_behind(namespace, name, checked.watched)
+        metrics.WORKLOADS.scale_written(namespace, name, "conflict")
+        log.info("%s/%s: %s", namespace, name, exc)
+        return replace(unchanged, ready=_ready(Reason.ACTING, str(exc)))
+    except TargetProblem as exc:
+        metrics.WORKLOADS.scale_written(namespace, name, "error")
+        return replace(unchanged, ready=_ready(Reason.SCALE_FAILED, str(exc), ready=False))
+    metrics.WORKLOADS.scale_written(namespace, name, "ok")
+    return Acted(
+        unchanged.ready,
+        decision.desired,
+        decision.history.with_scale_event(now, target.replicas, decision.desired),
+        iso(now),
+        (_scale_event(target.replicas, decision),),
+    )
+
+
+def _ready(reason: Reason, message: str, ready: bool = True) -> ConditionState:
+    return ConditionState(ConditionType.READY, ready, reason, message)
+
+
+def _observation(signals: WorkloadSignals, now: float) -> Observation:
+    def rounded(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return Observation(
+        gpu_utilization=rounded(signals.signals.gpu_utilization),
+        queue_per_replica=rounded(signals.queue_per_replica, 2),
+        memory_peak_mib=rounded(signals.memory_peak_mib, 0),
+        sample_age_seconds=rounded(signals.sample_age_seconds, 0),
+        time=iso(now),
+    )
+
+
+def _scaled_to_zero(current: int, decision: ReplicaDecision) -> ConditionState:
+    if current == 0:
+        return ConditionState(
             ConditionType.SCALED_TO_ZERO,
-            current == 0,
-            Reason.SCALE_TO_ZERO
-            if current == 0
-            else (Reason.IDLE if decision.idle else Reason.ACTIVE),
-            "scaled to zero; the wake query brings it back" if current == 0 else "",
-        ),
-        ConditionState(
-            ConditionType.SCALING_LIMITED,
-            decision.limited_by != Reason.NOT_LIMITED,
-            decision.limited_by,
-            decision.message if decision.limited_by != Reason.NOT_LIMITED else "",
-        ),
-    ]
-    sized = sizing.condition or _out_of_memory(owned)
-    if sized is not None:
-        conditions.append(sized)
-    return finish(status, conditions)
+            True,
+            Reason.SCALE_TO_ZERO,
+            "scaled to zero; the wake query brings it back",
+        )
+    return ConditionState(
+        ConditionType.SCALED_TO_ZERO, False, Reason.IDLE if decision.idle else Reason.ACTIVE, ""
+    )
+
+
+def _scaling_limited(decision: ReplicaDecision) -> ConditionState:
+    limited = decision.limited_by != Reason.NOT_LIMITED
+    return ConditionState(
+        ConditionType.SCALING_LIMITED,
+        limited,
+        decision.limited_by,
+        decision.message if limited else "",
+    )
 
 
 def _out_of_memory(pods: list[PodInfo]) -> ConditionState | None:
@@ -597,68 +408,6 @@ def _out_of_memory(pods: list[PodInfo]) -> ConditionState | None:
     )
 
 
-def _was_false(conditions: Any, type_: ConditionType) -> bool:
-    return any(
-        isinstance(c, Mapping) and c.get("type") == type_.value and c.get("status") == "False"
-        for c in conditions or []
-    )
-
-
-async def _workload_signals(
-    spec: WorkloadSizingSpec,
-    queries: UserQueries,
-    pods: list[PodInfo],
-    snapshot: Snapshot,
-    prometheus: PrometheusSource,
-    now: float,
-) -> WorkloadSignals:
-    custom = await prometheus.custom_per_pod(queries.queue) if queries.queue else None
-    wake = None
-    if spec.scale_to_zero.enabled and queries.wake:
-        wake = await prometheus.scalar(queries.wake)
-    return workload_signals(spec, pods, snapshot, now, custom_queue=custom, wake=wake)
-
-
-def _paused_by(annotations: Mapping[str, str], target: TargetView) -> str | None:
-    if str(annotations.get(PAUSE_ANNOTATION, "")).lower() == "true":
-        return "the WorkloadSizing"
-    if str(target.annotations.get(PAUSE_ANNOTATION, "")).lower() == "true":
-        return "the target"
-    return None
-
-
-def _observation(signals: WorkloadSignals, now: float) -> dict[str, Any]:
-    def rounded(value: float | None, digits: int = 1) -> float | None:
-        return None if value is None else round(value, digits)
-
-    return {
-        "gpuUtilization": rounded(signals.signals.gpu_utilization),
-        "queuePerReplica": rounded(signals.queue_per_replica, 2),
-        "memoryPeakMiB": rounded(signals.memory_peak_mib, 0),
-        "sampleAgeSeconds": rounded(signals.sample_age_seconds, 0),
-        "time": iso(now),
-    }
-
-
-def _metrics_condition(
-    signals: WorkloadSignals, decision: ReplicaDecision, restricted: tuple[str, ...]
-) -> ConditionState:
-    """A query confined to its namespace is named first: it is the likely cause of what
-    follows, and the user must hear of it even while the metrics are known."""
-    notes = [*restricted]
-    reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
-    if signals.problems and not decision.metrics_known:
-        notes.extend(str(p) for p in signals.problems)
-        return ConditionState(
-            ConditionType.METRICS_AVAILABLE,
-            False,
-            reason if restricted else signals.problems[0].reason,
-            f"{'; '.join(notes)}. Holding replicas: no scale-down or scale to zero on unknown "
-            "metrics",
-        )
-    return ConditionState(ConditionType.METRICS_AVAILABLE, True, reason, "; ".join(notes))
-
-
 def _scale_event(before: int, decision: ReplicaDecision) -> EventIntent:
     if decision.desired == 0:
         return EventIntent("Normal", EventReason.SCALED_TO_ZERO, decision.message)
@@ -669,20 +418,3 @@ def _scale_event(before: int, decision: ReplicaDecision) -> EventIntent:
         EventReason.SCALED,
         f"scaled from {before} to {decision.desired}: {decision.message}",
     )
-
-
-_WARNINGS: dict[Reason, EventReason] = {
-    Reason.TARGET_NOT_FOUND: EventReason.TARGET_NOT_FOUND,
-    Reason.TARGET_NOT_SCALABLE: EventReason.TARGET_NOT_FOUND,
-    Reason.CONFLICTING_AUTOSCALER: EventReason.CONFLICTING_AUTOSCALER,
-    Reason.INVALID_SPEC: EventReason.INVALID_SPEC,
-    Reason.SCALE_FAILED: EventReason.SCALE_FAILED,
-    Reason.OUT_OF_MEMORY: EventReason.OUT_OF_MEMORY,
-}
-
-
-def _warning_for(state: ConditionState) -> EventIntent | None:
-    if state.type == ConditionType.METRICS_AVAILABLE:
-        return EventIntent("Warning", EventReason.METRICS_UNAVAILABLE, state.message)
-    reason = _WARNINGS.get(state.reason)
-    return None if reason is None else EventIntent("Warning", reason, state.message)

@@ -1,89 +1,72 @@
 """Right-sizing for one workload: measure, choose a slice, and in Auto move there or roll back.
 
-The in-flight reshape and the previous slice live in annotations on the target, so a restarted
-operator picks up a rollout where the last one left it and never starts a second one.
+The in-flight reshape and the previous slice live in annotations on the target
+(`api.annotations`), so a restarted operator picks up a rollout where the last one left it and
+never starts a second one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from gpusizer.actuate.targets import SliceChange, TargetProblem, Targets, TargetView
-from gpusizer.api.v1alpha1 import Mode, WorkloadSizingSpec
+from pydantic import ValidationError
+
+from gpusizer.actuate.target_view import SliceChange, TargetProblem, TargetView
+from gpusizer.api.annotations import (
+    PREVIOUS_SLICE_ANNOTATION,
+    RESHAPE_ANNOTATION,
+    Placement,
+    ReshapeRecord,
+    ReshapeState,
+)
+from gpusizer.api.v1alpha1 import Mode, Recommendation, WorkloadSizingSpec
 from gpusizer.catalog import Catalog, Slice
 from gpusizer.catalog.models import PRODUCT_LABEL
+from gpusizer.cluster import ClusterView
 from gpusizer.policy.reshape import NewPods, Progress, reshape_progress
-from gpusizer.policy.slices import SliceChoice, choose_slice
+from gpusizer.policy.slices import Candidate, SliceChoice, choose_slice
+from gpusizer.ports import TargetClient
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import ConditionState
 from gpusizer.signals.discovery import NodeInfo, OfferCache
-from gpusizer.signals.history import HistoryCache, usage
 from gpusizer.signals.pods import PodInfo
+from gpusizer.signals.reader import HistoryCache
+from gpusizer.signals.usage import usage
 from gpusizer.timefmt import iso, parse_time
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
 log = logging.getLogger(__name__)
 
-RESHAPE_ANNOTATION = "gpusizer.io/reshape"
-PREVIOUS_SLICE_ANNOTATION = "gpusizer.io/previous-slice"
+
+@dataclass(frozen=True)
+class Sized:
+    """The workload being sized: its target as read this turn, the pods it owns, and the
+    cluster they run in."""
+
+    namespace: str
+    target: TargetView
+    pods: Sequence[PodInfo]
+    cluster: ClusterView
 
 
 @dataclass(frozen=True)
-class RightSizingSettings:
-    catalog: Catalog
-    history: HistoryCache
-    offers: OfferCache
-    reshape_deadline_seconds: float = 600.0
-    min_reshape_interval_seconds: float = 3600.0
+class Move:
+    """A move Auto may start: from the current slice (with its units per pod) to `best`."""
+
+    current: Slice
+    units: int
+    best: Candidate
+    message: str
 
 
 @dataclass
 class RightSizingOutcome:
     condition: ConditionState | None = None
-    recommendation: dict[str, Any] | None = None
+    recommendation: Recommendation | None = None
     events: list[EventIntent] = field(default_factory=list)
     reshaping: bool = False  # replica changes wait while a rollout is in flight
-
-
-def _placement(slice_: Slice, replicas: int) -> dict[str, Any]:
-    return {
-        "slice": slice_.name,
-        "product": slice_.product.key,
-        "resource": slice_.resource,
-        "productLabel": slice_.product.gfd_label,
-        "replicas": replicas,
-    }
-
-
-def _read_reshape(target: TargetView) -> dict[str, Any] | None:
-    raw = target.annotations.get(RESHAPE_ANNOTATION)
-    if not raw:
-        return None
-    try:
-        state = json.loads(raw)
-    except ValueError:
-        log.warning("ignoring unreadable %s annotation: %r", RESHAPE_ANNOTATION, raw[:200])
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def _moved(record: Mapping[str, Any]) -> str:
-    to = record.get("to") or {}
-    return f"now on {to.get('slice')} ({to.get('product')}): {record.get('message')}"
-
-
-def _finished_move_to(state: Mapping[str, Any] | None, current: Slice) -> str | None:
-    """What the last reshape said, if it finished by moving the workload to `current`."""
-    if state is None or state.get("state") != "Done":
-        return None
-    to = state.get("to") or {}
-    if (to.get("slice"), to.get("product")) != (current.name, current.product.key):
-        return None
-    return _moved(state)
 
 
 def current_slice(
@@ -111,6 +94,37 @@ def current_slice(
     return None, 1
 
 
+def reshape_record(target: TargetView) -> ReshapeRecord | None:
+    """The target's reshape record; one that cannot be read is ignored, and said so."""
+    raw = target.annotations.get(RESHAPE_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        return ReshapeRecord.parse(raw)
+    except (ValidationError, ValueError):
+        log.warning("ignoring unreadable %s annotation: %r", RESHAPE_ANNOTATION, raw[:200])
+        return None
+
+
+def _placement(slice_: Slice, replicas: int) -> Placement:
+    return Placement(
+        slice=slice_.name,
+        product=slice_.product.key,
+        resource=slice_.resource,
+        product_label=slice_.product.gfd_label,
+        replicas=replicas,
+    )
+
+
+def _finished_move_to(record: ReshapeRecord | None, current: Slice) -> str | None:
+    """What the last reshape said, if it finished by moving the workload to `current`."""
+    if record is None or record.state != ReshapeState.DONE:
+        return None
+    if (record.to.slice, record.to.product) != (current.name, current.product.key):
+        return None
+    return record.moved_message()
+
+
 def _gpu_container(spec: WorkloadSizingSpec, target: TargetView) -> str | None:
     if spec.container:
         return spec.container
@@ -121,196 +135,219 @@ def _gpu_container(spec: WorkloadSizingSpec, target: TargetView) -> str | None:
     return None
 
 
-def _recommendation(choice: SliceChoice) -> dict[str, Any]:
+def _recommendation(choice: SliceChoice) -> Recommendation:
     best = choice.recommended
-    return {
-        "slice": best.slice.name if best else None,
-        "resource": best.slice.resource if best else None,
-        "nodeSelector": best.slice.node_selector if best else {},
-        "replicas": best.replicas if best else None,
-        "costPerHour": round(best.cost_per_hour, 2) if best else None,
-        "currentCostPerHour": round(choice.current_cost_per_hour, 2)
+    return Recommendation(
+        slice=best.slice.name if best else None,
+        resource=best.slice.resource if best else None,
+        node_selector=best.slice.node_selector if best else {},
+        replicas=best.replicas if best else None,
+        cost_per_hour=round(best.cost_per_hour, 2) if best else None,
+        current_cost_per_hour=round(choice.current_cost_per_hour, 2)
         if choice.current_cost_per_hour is not None
         else None,
-        "reason": choice.message,
-    }
+        reason=choice.message,
+    )
 
 
-async def right_size(
-    spec: WorkloadSizingSpec,
-    namespace: str,
-    target: TargetView,
-    owned: Sequence[PodInfo],
-    all_pods: Callable[[], Iterable[PodInfo]],
-    nodes: Mapping[str, NodeInfo],
-    settings: RightSizingSettings,
-    targets: Targets,
-    may_act: bool,
-    now: float,
-) -> RightSizingOutcome:
-    """`may_act` is False in Recommend mode, while paused, and when another autoscaler owns
-    the target: then this only reports."""
-    rs = spec.right_sizing
-    out = RightSizingOutcome()
-    state = _read_reshape(target)
-    if state is not None and state.get("state") == "InProgress":
-        return await _follow_reshape(spec, namespace, target, owned, state, settings, targets, now)
-
-    catalog = settings.catalog
-    current, units = current_slice(catalog, owned, nodes, target)
-    if current is None:
-        out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED,
-            None,
-            Reason.UNKNOWN_SLICE,
-            "the workload's GPU resource and node product are not in the catalog",
-        )
-        return out
-    history = await settings.history.get(rs.history_seconds)
-    measured, problems = usage(history, owned, spec.metrics.server, now)
-    rules = spec.replicas
-    choice = choose_slice(
-        current=current,
-        usage=measured,
-        offers=settings.offers.get(nodes.values(), all_pods, now),
-        spec=rs,
-        target_utilization=rules.target_gpu_utilization or 70.0,
-        min_replicas=max(1, rules.minimum),
-        last_reshape_time=parse_time((state or {}).get("started")),
-        min_interval_seconds=settings.min_reshape_interval_seconds,
-        now=now,
-    )
-    out.recommendation = _recommendation(choice)
-    message = choice.message + (
-        f" (measurement problems: {'; '.join(problems)})" if problems else ""
-    )
-    right = choice.reason in (Reason.RIGHT_SIZED, Reason.SAVING_TOO_SMALL)
-    status: bool | None = right
-    if choice.reason == Reason.NO_MEASUREMENT:
-        status = None
-    out.condition = ConditionState(ConditionType.RIGHT_SIZED, status, choice.reason, message)
-    if (state or {}).get("state") == "RolledBack" and choice.reason == Reason.TOO_SOON:
-        out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED,
-            False,
-            Reason.RESHAPE_ROLLED_BACK,
-            f"{state.get('message')}; {choice.message}" if state else choice.message,
-        )
-    moved_here = _finished_move_to(state, current)
-    if choice.reason == Reason.NO_MEASUREMENT and moved_here is not None:
-        # the move stands, with the recommendation that made it, until the slice is measured
-        out.recommendation = None
-        out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED, True, Reason.RIGHT_SIZED, moved_here
-        )
-    best = choice.recommended
-    if not (choice.apply and best is not None and rs.mode == Mode.AUTO and may_act):
-        return out
-    container = _gpu_container(spec, target)
-    if container is None:
-        out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED, False, Reason.UNKNOWN_SLICE, "no container requests a GPU"
-        )
-        return out
-    replicas = min(rules.maximum, max(best.replicas, rules.minimum, 1))
-    origin = _placement(current, target.replicas)
-    record = {
-        "state": "InProgress",
-        "from": origin,
-        "to": _placement(best.slice, replicas),
-        "units": units,
-        "container": container,
-        "started": iso(now),
-        "deadlineSeconds": settings.reshape_deadline_seconds,
-        "message": message,
-    }
-    change = SliceChange(
-        container=container,
-        old_resource=current.resource,
-        new_resource=best.slice.resource,
-        count=units,
-        product_label=best.slice.product.gfd_label,
-        replicas=replicas,
-        annotations={
-            RESHAPE_ANNOTATION: json.dumps(record, sort_keys=True),
-            PREVIOUS_SLICE_ANNOTATION: json.dumps(origin, sort_keys=True),
-        },
-    )
-    try:
-        await targets.reshape(namespace, spec.target_ref, change)
-    except TargetProblem as exc:
-        out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED, False, Reason.SCALE_FAILED, str(exc)
-        )
-        return out
-    started = (
-        f"moving from {target.replicas} x {current.name} to {replicas} x {best.slice.name}: "
-        f"{message}"
-    )
-    out.events.append(EventIntent("Normal", EventReason.RESHAPE_STARTED, started))
-    out.condition = ConditionState(ConditionType.RIGHT_SIZED, False, Reason.RESHAPING, started)
-    out.reshaping = True
-    return out
+def _condition(status: bool | None, reason: Reason, message: str) -> ConditionState:
+    return ConditionState(ConditionType.RIGHT_SIZED, status, reason, message)
 
 
-async def _follow_reshape(
-    spec: WorkloadSizingSpec,
-    namespace: str,
-    target: TargetView,
-    owned: Sequence[PodInfo],
-    state: dict[str, Any],
-    settings: RightSizingSettings,
-    targets: Targets,
-    now: float,
-) -> RightSizingOutcome:
-    out = RightSizingOutcome(reshaping=True)
-    to, origin = state.get("to") or {}, state.get("from") or {}
-    new = [p for p in owned if p.gpu_resource == to.get("resource") and not p.terminating]
-    progress, detail = reshape_progress(
-        NewPods(
-            ready=sum(1 for p in new if p.ready),
-            total=len(new),
-            unschedulable=[p.unschedulable for p in new if p.unschedulable],
-            oom_kills=sum(p.oom_kills for p in new),
-        ),
-        wanted=int(to.get("replicas") or 1),
-        started=parse_time(state.get("started")) or now,
-        deadline_seconds=float(state.get("deadlineSeconds") or settings.reshape_deadline_seconds),
-        now=now,
-    )
-    if progress == Progress.WAITING:
-        out.condition = ConditionState(ConditionType.RIGHT_SIZED, False, Reason.RESHAPING, detail)
-        return out
-    if progress == Progress.DONE:
-        record = {**state, "state": "Done", "message": detail}
-        await targets.annotate(
-            namespace, spec.target_ref, {RESHAPE_ANNOTATION: json.dumps(record, sort_keys=True)}
+class RightSizer:
+    """Right-sizing's collaborators: the catalog, the measured history, the cluster's free
+    slices and the target client, with the reshape settings."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        history: HistoryCache,
+        offers: OfferCache,
+        targets: TargetClient,
+        reshape_deadline_seconds: float = 600.0,
+        min_reshape_interval_seconds: float = 3600.0,
+    ) -> None:
+        self.catalog = catalog
+        self._history = history
+        self._offers = offers
+        self._targets = targets
+        self._deadline = reshape_deadline_seconds
+        self._min_interval = min_reshape_interval_seconds
+
+    async def size(
+        self, spec: WorkloadSizingSpec, sized: Sized, now: float, may_act: bool
+    ) -> RightSizingOutcome:
+        """`may_act` is False in Recommend mode and while paused: then this only reports."""
+        record = reshape_record(sized.target)
+        if record is not None and record.state == ReshapeState.IN_PROGRESS:
+            return await self._follow(spec, sized, record, now)
+        current, units = current_slice(self.catalog, sized.pods, sized.cluster.nodes, sized.target)
+        if current is None:
+            return RightSizingOutcome(
+                _condition(
+                    None,
+                    Reason.UNKNOWN_SLICE,
+                    "the workload's GPU resource and node product are not in the catalog",
+                )
+            )
+        choice, message = await self._choose(spec, sized, current, record, now)
+        out = RightSizingOutcome(recommendation=_recommendation(choice))
+        right = choice.reason in (Reason.RIGHT_SIZED, Reason.SAVING_TOO_SMALL)
+        out.condition = _condition(
+            None if choice.reason == Reason.NO_MEASUREMENT else right, choice.reason, message
         )
-        moved = _moved(record)
-        out.events.append(EventIntent("Normal", EventReason.RESHAPED, moved))
-        out.condition = ConditionState(ConditionType.RIGHT_SIZED, True, Reason.RIGHT_SIZED, moved)
-        out.reshaping = False
+        if record is not None:
+            if record.state == ReshapeState.ROLLED_BACK and choice.reason == Reason.TOO_SOON:
+                out.condition = _condition(
+                    False, Reason.RESHAPE_ROLLED_BACK, f"{record.message}; {choice.message}"
+                )
+            moved_here = _finished_move_to(record, current)
+            if choice.reason == Reason.NO_MEASUREMENT and moved_here is not None:
+                # the move stands, with the recommendation that made it, until it is measured
+                out.recommendation = None
+                out.condition = _condition(True, Reason.RIGHT_SIZED, moved_here)
+        best = choice.recommended
+        if choice.apply and best is not None and spec.right_sizing.mode == Mode.AUTO and may_act:
+            moving = await self._move(spec, sized, Move(current, units, best, message), now)
+            moving.recommendation = out.recommendation
+            return moving
         return out
-    record = {**state, "state": "RolledBack", "message": detail}
-    change = SliceChange(
-        container=str(state.get("container") or _gpu_container(spec, target) or ""),
-        old_resource=str(to.get("resource")),
-        new_resource=str(origin.get("resource")),
-        count=int(state.get("units") or 1),
-        product_label=str(origin.get("productLabel")),
-        replicas=int(origin.get("replicas") or 1),
-        annotations={RESHAPE_ANNOTATION: json.dumps(record, sort_keys=True)},
-    )
-    try:
-        await targets.reshape(namespace, spec.target_ref, change)
-    except TargetProblem as exc:
-        out.condition = ConditionState(
-            ConditionType.RIGHT_SIZED, False, Reason.SCALE_FAILED, f"rolling back: {exc}"
+
+    async def _choose(
+        self,
+        spec: WorkloadSizingSpec,
+        sized: Sized,
+        current: Slice,
+        record: ReshapeRecord | None,
+        now: float,
+    ) -> tuple[SliceChoice, str]:
+        """The slice choice on the measured history, and its message with the measurement's
+        problems."""
+        history = await self._history.get(spec.right_sizing.history_seconds)
+        measured, problems = usage(history, sized.pods, spec.metrics.server, now)
+        rules = spec.replicas
+        choice = choose_slice(
+            current=current,
+            usage=measured,
+            offers=self._offers.get(sized.cluster.nodes.values(), sized.cluster.all_pods, now),
+            spec=spec.right_sizing,
+            target_utilization=rules.target_gpu_utilization or 70.0,
+            min_replicas=max(1, rules.minimum),
+            now=now,
+            last_reshape_time=parse_time(record.started) if record is not None else None,
+            min_interval_seconds=self._min_interval,
         )
+        problems_note = f" (measurement problems: {'; '.join(problems)})" if problems else ""
+        return choice, choice.message + problems_note
+
+    async def _move(
+        self, spec: WorkloadSizingSpec, sized: Sized, move: Move, now: float
+    ) -> RightSizingOutcome:
+        """Start a move: one template change that carries the record."""
+        container = _gpu_container(spec, sized.target)
+        if container is None:
+            return RightSizingOutcome(
+                _condition(False, Reason.UNKNOWN_SLICE, "no container requests a GPU")
+            )
+        rules = spec.replicas
+        best = move.best
+        replicas = min(rules.maximum, max(best.replicas, rules.minimum, 1))
+        origin = _placement(move.current, sized.target.replicas)
+        record = ReshapeRecord(
+            state=ReshapeState.IN_PROGRESS,
+            origin=origin,
+            to=_placement(best.slice, replicas),
+            units=move.units,
+            container=container,
+            started=iso(now),
+            deadline_seconds=self._deadline,
+            message=move.message,
+        )
+        change = SliceChange(
+            container=container,
+            old_resource=move.current.resource,
+            new_resource=best.slice.resource,
+            count=move.units,
+            product_label=best.slice.product.gfd_label,
+            replicas=replicas,
+            annotations={
+                RESHAPE_ANNOTATION: record.annotation(),
+                PREVIOUS_SLICE_ANNOTATION: origin.annotation(),
+            },
+        )
+        try:
+            await self._targets.reshape(sized.namespace, spec.target_ref, change)
+        except TargetProblem as exc:
+            return RightSizingOutcome(_condition(False, Reason.SCALE_FAILED, str(exc)))
+        started = (
+            f"moving from {sized.target.replicas} x {move.current.name} to {replicas} x "
+            f"{best.slice.name}: {move.message}"
+        )
+        return RightSizingOutcome(
+            _condition(False, Reason.RESHAPING, started),
+            events=[EventIntent("Normal", EventReason.RESHAPE_STARTED, started)],
+            reshaping=True,
+        )
+
+    async def _follow(
+        self, spec: WorkloadSizingSpec, sized: Sized, record: ReshapeRecord, now: float
+    ) -> RightSizingOutcome:
+        """A reshape in flight: wait, finish it, or roll it back."""
+        out = RightSizingOutcome(reshaping=True)
+        new = [p for p in sized.pods if p.gpu_resource == record.to.resource and not p.terminating]
+        progress, detail = reshape_progress(
+            NewPods(
+                ready=sum(1 for p in new if p.ready),
+                total=len(new),
+                unschedulable=[p.unschedulable for p in new if p.unschedulable],
+                oom_kills=sum(p.oom_kills for p in new),
+            ),
+            wanted=record.to.replicas,
+            started=parse_time(record.started) or now,
+            deadline_seconds=record.deadline_seconds,
+            now=now,
+        )
+        if progress == Progress.WAITING:
+            out.condition = _condition(False, Reason.RESHAPING, detail)
+            return out
+        if progress == Progress.DONE:
+            done = record.model_copy(update={"state": ReshapeState.DONE, "message": detail})
+            await self._targets.annotate(
+                sized.namespace, spec.target_ref, {RESHAPE_ANNOTATION: done.annotation()}
+            )
+            moved = done.moved_message()
+            out.events.append(EventIntent("Normal", EventReason.RESHAPED, moved))
+            out.condition = _condition(True, Reason.RIGHT_SIZED, moved)
+            out.reshaping = False
+            return out
+        return await self._roll_back(spec, sized, record, detail, out)
+
+    async def _roll_back(
+        self,
+        spec: WorkloadSizingSpec,
+        sized: Sized,
+        record: ReshapeRecord,
+        detail: str,
+        out: RightSizingOutcome,
+    ) -> RightSizingOutcome:
+        """Restore the slice, node selector and replicas the record says the workload had."""
+        origin = record.origin
+        back = record.model_copy(update={"state": ReshapeState.ROLLED_BACK, "message": detail})
+        change = SliceChange(
+            container=record.container,
+            old_resource=record.to.resource,
+            new_resource=origin.resource,
+            count=record.units,
+            product_label=origin.product_label,
+            replicas=max(1, origin.replicas),
+            annotations={RESHAPE_ANNOTATION: back.annotation()},
+        )
+        try:
+            await self._targets.reshape(sized.namespace, spec.target_ref, change)
+        except TargetProblem as exc:
+            out.condition = _condition(False, Reason.SCALE_FAILED, f"rolling back: {exc}")
+            return out
+        restored = f"restored {origin.slice} ({origin.product}): {detail}"
+        out.events.append(EventIntent("Warning", EventReason.RESHAPE_ROLLED_BACK, restored))
+        out.condition = _condition(False, Reason.RESHAPE_ROLLED_BACK, restored)
         return out
-    back = f"restored {origin.get('slice')} ({origin.get('product')}): {detail}"
-    out.events.append(EventIntent("Warning", EventReason.RESHAPE_ROLLED_BACK, back))
-    out.condition = ConditionState(
-        ConditionType.RIGHT_SIZED, False, Reason.RESHAPE_ROLLED_BACK, back
-    )
-    return out

@@ -6,16 +6,12 @@ import time
 
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
+from gpusizer.settings import PrometheusSettings
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.source import (
-    GPU_UTIL,
-    MEMORY,
-    MIG_UTIL,
-    PrometheusSettings,
-    PrometheusSource,
-    queue_signal,
-)
+from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
+from gpusizer.signals.reader import read_full, read_moved
 from gpusizer.vocabulary import Reason
 
 from tests.integration.conftest import Exporter
@@ -57,7 +53,7 @@ def pods(*names: str, mig: bool = False) -> list[PodInfo]:
 
 async def observe(url: str, names: list[PodInfo]):  # type: ignore[no-untyped-def]
     source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=5))
-    snapshot = await source.snapshot([SPEC.metrics.server])
+    snapshot = await read_full(source, [SPEC.metrics.server])
     return snapshot, workload_signals(SPEC, names, snapshot, time.time())
 
 
@@ -191,13 +187,13 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
 
     exporter.set(body(0, before))
     source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
-    base = await source.snapshot([Server.VLLM])
+    base = await read_full(source, [Server.VLLM])
     assert base.signals[GPU_UTIL].samples[("llm", "up")].value == 50
     exporter.set(body(1, after))
 
     # the previous read came between the two samples
     since = time.time() - (before + after) / 2
-    moved = await source.moved(base, since)
+    moved = await read_moved(source, base, since)
 
     assert not moved.full and moved.errors == {}
     util, mig_util = moved.signals[GPU_UTIL].samples, moved.signals[MIG_UTIL].samples
@@ -212,5 +208,5 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
     assert util[("llm", "flat")].age == base.signals[GPU_UTIL].samples[("llm", "flat")].age
     assert MEMORY not in moved.signals or moved.signals[MEMORY] is base.signals[MEMORY]
     # a read after the previous one that saw the move reports it no more
-    again = await source.moved(base, time.time() - after - 0.5)
+    again = await read_moved(source, base, time.time() - after - 0.5)
     assert again.signals[GPU_UTIL].samples[("llm", "up")].value == 50

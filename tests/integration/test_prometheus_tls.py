@@ -21,7 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from gpusizer.signals.source import PrometheusSettings, PrometheusSource
+from gpusizer.settings import PrometheusSettings
+from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.vocabulary import Reason
 
 from tests.support import free_port, wait_for

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
-from gpusizer.actuate.targets import TargetView
-from gpusizer.api.v1alpha1 import Server, TargetRef
-from gpusizer.reconcile import ClusterView, Dependencies, fetch_cycle, reconcile
+from gpusizer.actuate.target_view import TargetView
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.clock import fetch_cycle
+from gpusizer.cluster import ClusterView
+from gpusizer.memory import Memory
+from gpusizer.reconcile import reconcile
+from gpusizer.settings import PrometheusSettings, Tenancy
 from gpusizer.signals.parse import Problem
-from gpusizer.signals.promql import Tenancy, restrict
-from gpusizer.signals.source import PrometheusSettings, PrometheusSource, SnapshotReader
+from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.reader import SnapshotReader
+from gpusizer.signals.user_queries import restrict
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
+from tests.fakes import FakeTargets, services, workload
 from tests.integration.conftest import Exporter
 from tests.unit.test_promql import REWRITES
 
@@ -33,30 +40,13 @@ class RecordingSource(PrometheusSource):
         return await super().query(promql, signal)
 
 
-class OneTarget:
-    """A scalable target at zero replicas, remembering the replica counts written."""
-
-    def __init__(self) -> None:
-        self.writes: list[int] = []
-
-    async def read(self, namespace: str, ref: TargetRef) -> TargetView:
-        return TargetView(replicas=0, selector="app=chat", resource_version="1")
-
-    async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
-        self.writes.append(replicas)
+def one_target() -> FakeTargets:
+    """A scalable target at zero replicas."""
+    return FakeTargets({("llm", "chat"): TargetView(0, "app=chat", "1")})
 
 
 async def no_autoscalers() -> dict[Any, str]:
     return {}
-
-
-def deps(source: PrometheusSource, tenancy: Tenancy, target: OneTarget) -> Dependencies:
-    return Dependencies(
-        prometheus=source,
-        targets=target,  # type: ignore[arg-type]
-        rightsizing=None,  # type: ignore[arg-type]  # rightSizing.mode is Off
-        tenancy=tenancy,
-    )
 
 
 def spec(wake: str) -> dict[str, Any]:
@@ -70,21 +60,18 @@ def spec(wake: str) -> dict[str, Any]:
 
 
 async def run(
-    source: RecordingSource, wake: str, tenancy: Tenancy, target: OneTarget, status: Any = None
+    source: RecordingSource, wake: str, tenancy: Tenancy, target: FakeTargets, status: Any = None
 ) -> Any:
     """One decision on a fresh cycle; `source.sent` then holds only the workload's queries."""
     cycle = await fetch_cycle(SnapshotReader(source, Server, 0), no_autoscalers)
     source.sent.clear()
     return await reconcile(
-        "llm",
-        "chat",
-        spec(wake),
-        status,
-        {},
-        1,
+        workload(spec(wake), status),
         ClusterView({}, {}),
         cycle,
-        deps(source, tenancy, target),
+        services(source, target, tenancy),
+        Memory(),
+        time.time(),
     )
 
 
@@ -109,7 +96,7 @@ async def test_other_namespace_is_not_read_and_the_user_is_told(
     )
 
     source.sent.clear()
-    target = OneTarget()
+    target = one_target()
     outcome = await run(source, WAKE, Tenancy(), target)
     wake_queries = [q for q in source.sent if "gateway_pending_requests" in q]
     assert wake_queries == ['sum(gateway_pending_requests{namespace="llm"})']
@@ -142,10 +129,10 @@ async def test_allowed_cross_namespace_query_is_sent_as_written(
 ) -> None:
     exporter.set(OTHER)
     source = RecordingSource(prometheus)
-    target = OneTarget()
+    target = one_target()
     outcome = await run(source, WAKE, Tenancy(allow_cross_namespace=True), target)
     assert WAKE in source.sent
-    assert target.writes == [1], "7 pending requests wake it"
+    assert target.writes == [("llm", "chat", 1)], "7 pending requests wake it"
     assert condition(outcome, ConditionType.METRICS_AVAILABLE)["reason"] != (
         Reason.QUERY_RESTRICTED.value
     )
@@ -153,7 +140,7 @@ async def test_allowed_cross_namespace_query_is_sent_as_written(
 
 async def test_malformed_query_is_reported_before_anything_is_sent(prometheus: str) -> None:
     source = RecordingSource(prometheus)
-    outcome = await run(source, "sum(rate(gateway_pending_requests[5m]", Tenancy(), OneTarget())
+    outcome = await run(source, "sum(rate(gateway_pending_requests[5m]", Tenancy(), one_target())
     assert source.sent == []
     ready = condition(outcome, ConditionType.READY)
     assert ready["status"] == "False" and ready["reason"] == Reason.INVALID_SPEC.value

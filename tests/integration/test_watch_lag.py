@@ -4,13 +4,20 @@ catches up."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from gpusizer.actuate.targets import ScaleConflict, TargetView
-from gpusizer.api.v1alpha1 import Server, TargetRef
-from gpusizer.reconcile import ClusterView, Dependencies, fetch_cycle, reconcile
-from gpusizer.signals.source import PrometheusSettings, PrometheusSource, SnapshotReader
+from gpusizer.actuate.target_view import TargetView
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.clock import fetch_cycle
+from gpusizer.cluster import ClusterView
+from gpusizer.memory import Memory
+from gpusizer.reconcile import reconcile
+from gpusizer.settings import PrometheusSettings
+from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.reader import SnapshotReader
 
+from tests.fakes import FakeTargets, services, workload
 from tests.integration.conftest import Exporter
 
 DEMAND = 'gateway_pending_requests{namespace="llm",service="chat"} 3\n'
@@ -23,24 +30,6 @@ SPEC = {
 }
 
 
-class LiveTarget:
-    """The API server's copy of the target: already woken to one replica by an earlier write."""
-
-    def __init__(self) -> None:
-        self.live = TargetView(replicas=1, selector="app=chat", resource_version="6")
-        self.reads = 0
-        self.writes: list[int] = []
-
-    async def read(self, namespace: str, ref: TargetRef) -> TargetView:
-        self.reads += 1
-        return self.live
-
-    async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
-        if expected != self.live.replicas:
-            raise ScaleConflict(f"changed to {self.live.replicas} replicas since it was read")
-        self.writes.append(replicas)
-
-
 def watch_showing(target: TargetView) -> ClusterView:
     return ClusterView({}, {}, targets={"Deployment": {("llm", "chat"): target}})
 
@@ -50,16 +39,16 @@ async def test_a_write_that_finds_the_watch_behind_reads_the_api_server_until_it
 ) -> None:
     exporter.set(DEMAND)
     source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
-    target = LiveTarget()
-    deps = Dependencies(
-        prometheus=source,
-        targets=target,  # type: ignore[arg-type]
-        rightsizing=None,  # type: ignore[arg-type]  # rightSizing.mode is Off
-    )
+    # the API server's copy: already woken to one replica by an earlier write
+    live = TargetView(replicas=1, selector="app=chat", resource_version="6")
+    target = FakeTargets({("llm", "chat"): live})
+    turn_services, memory = services(source, target), Memory()
 
     async def decide(view: ClusterView, status: Any) -> Any:
         cycle = await fetch_cycle(SnapshotReader(source, Server, 0), _no_autoscalers)
-        return await reconcile("llm", "chat", SPEC, status, {}, 1, view, cycle, deps)
+        return await reconcile(
+            workload(SPEC, status), view, cycle, turn_services, memory, time.time()
+        )
 
     behind = watch_showing(TargetView(replicas=0, selector="app=chat", resource_version="5"))
     # the watch still shows zero replicas: demand wakes it, and the write meets the live one
@@ -75,7 +64,7 @@ async def test_a_write_that_finds_the_watch_behind_reads_the_api_server_until_it
     assert target.writes == [], "one replica serves the demand; nothing to write"
 
     # once the watch shows a newer version, it is trusted again
-    await decide(watch_showing(target.live), second.status_patch)
+    await decide(watch_showing(live), second.status_patch)
     assert target.reads == 1
 
 

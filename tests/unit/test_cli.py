@@ -9,7 +9,8 @@ from pathlib import Path
 
 import gpusizer
 import pytest
-from gpusizer.cli import build_parser, read_period_seconds
+from gpusizer.cli import build_parser
+from gpusizer.settings import read_period_seconds
 
 
 def _in_a_fresh_interpreter(code: str) -> str:

@@ -10,9 +10,10 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from gpusizer.reconcile import Cycle, CycleClock
+from gpusizer.clock import Cycle, CycleClock
 from gpusizer.signals.parse import PodSamples, Sample
-from gpusizer.signals.source import GPU_UTIL, Snapshot
+from gpusizer.signals.queries import GPU_UTIL
+from gpusizer.signals.snapshot import Snapshot
 
 
 class Fetches:

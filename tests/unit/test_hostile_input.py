@@ -11,9 +11,10 @@ from typing import Any
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
 from gpusizer.policy.replicas import History, ReplicaCounts, decide_replicas
 from gpusizer.signals.join import workload_signals
-from gpusizer.signals.parse import TIMESTAMP_LABEL, per_pod, scalar
+from gpusizer.signals.parse import per_pod, scalar
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.source import GPU_UTIL, Snapshot, queue_signal
+from gpusizer.signals.queries import GPU_UTIL, TIMESTAMP_LABEL, queue_signal
+from gpusizer.signals.snapshot import Snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError

@@ -11,7 +11,7 @@ import kopf
 import pytest
 import yaml
 from aiohttp import web
-from gpusizer.handlers import KOPF_REQUESTS_AT_ONCE, kopf_login, one_connection_per_request_slot
+from gpusizer.kube import KOPF_REQUESTS_AT_ONCE, kopf_login, one_connection_per_request_slot
 from kubernetes import client as k8s
 from kubernetes.config import kube_config
 

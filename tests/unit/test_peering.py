@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from gpusizer.handlers import peering_priority, peers_ahead
+from gpusizer.peering import peering_priority, peers_ahead
 
 NOW = datetime.datetime(2026, 11, 21, 12, 0, tzinfo=datetime.UTC)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import promql_parser as pp
 import pytest
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
-from gpusizer.signals.promql import (
+from gpusizer.signals.user_queries import (
     MAX_STRUCTURE,
     QUEUE_FIELD,
     WAKE_FIELD,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpusizer.api.v1alpha1 import Condition
 from gpusizer.report import metrics
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,8 +25,10 @@ def scraped(name: str) -> Series:
     }
 
 
-def ready(status: str, reason: str) -> dict[str, str]:
-    return {"type": "Ready", "status": status, "reason": reason}
+def ready(status: str, reason: str) -> Condition:
+    return Condition(
+        type="Ready", status=status, reason=reason, last_transition_time="2027-01-01T00:00:00Z"
+    )
 
 
 def test_one_series_per_condition_follows_its_status_and_reason() -> None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from gpusizer.api.v1alpha1 import WorkloadSizingStatus
 from gpusizer.policy.replicas import History, ScaleEventRecord
 from gpusizer.report.status import (
     ConditionState,
     StatusOverlay,
+    history_fields,
     history_from_status,
-    history_to_status,
     merge_conditions,
     refresh_seconds,
+    status_json,
     status_patch,
 )
 from gpusizer.timefmt import iso
@@ -25,6 +27,11 @@ IDLE_CONDITION = {"type": "ScaledToZero", "status": "False", "reason": "Idle"}
 ACTIVE_CONDITION = {"type": "ScaledToZero", "status": "False", "reason": "Active"}
 
 
+def history_json(history: History) -> dict[str, Any]:
+    """The history's status fields as the API server keeps them."""
+    return status_json(WorkloadSizingStatus(**history_fields(history)))
+
+
 def test_history_round_trip() -> None:
     history = History(
         recommendations=((T0 + 15, 4), (T0 + 45, 6), (T0 + 60, 3)),
@@ -32,7 +39,7 @@ def test_history_round_trip() -> None:
         last_active_time=T0 + 60,
         decided_at=T0 + 75,
     )
-    status = {**history_to_status(history), "conditions": [IDLE_CONDITION]}
+    status = {**history_json(history), "conditions": [IDLE_CONDITION]}
     back = history_from_status(status)
     # what this process knows of its own last decision is not persisted
     assert back == History(
@@ -70,14 +77,20 @@ def test_transition_time_moves_only_on_status_flip() -> None:
         None, [ConditionState(ConditionType.READY, True, Reason.ACTING, "a")], T0, 1
     )
     same = merge_conditions(
-        first, [ConditionState(ConditionType.READY, True, Reason.ACTING, "b")], T0 + 60, 2
+        [status_json(c) for c in first],
+        [ConditionState(ConditionType.READY, True, Reason.ACTING, "b")],
+        T0 + 60,
+        2,
     )
     flip = merge_conditions(
-        same, [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_FOUND, "c")], T0 + 90, 2
+        [status_json(c) for c in same],
+        [ConditionState(ConditionType.READY, False, Reason.TARGET_NOT_FOUND, "c")],
+        T0 + 90,
+        2,
     )
-    assert same[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
-    assert flip[0]["lastTransitionTime"] != first[0]["lastTransitionTime"]
-    assert flip[0]["observedGeneration"] == 2
+    assert same[0].last_transition_time == first[0].last_transition_time
+    assert flip[0].last_transition_time != first[0].last_transition_time
+    assert flip[0].observed_generation == 2
 
 
 def _status(replicas: int, util: float, at: float, message: str = "m") -> dict[str, Any]:

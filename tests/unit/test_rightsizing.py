@@ -3,20 +3,22 @@ slice waits for its first measurement (users alert on it)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from gpusizer.actuate.targets import TargetView
+from gpusizer.actuate.target_view import TargetView
+from gpusizer.api.annotations import RESHAPE_ANNOTATION, Placement, ReshapeRecord, ReshapeState
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
 from gpusizer.catalog.loader import load_catalog
-from gpusizer.rightsizing import RESHAPE_ANNOTATION, RightSizingSettings, right_size
+from gpusizer.cluster import ClusterView
+from gpusizer.rightsizing import RightSizer, Sized
 from gpusizer.signals.discovery import NodeInfo, OfferCache
-from gpusizer.signals.history import HistoryCache
-from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.signals.parse import PodSamples, Sample
 from gpusizer.signals.pods import PodInfo
+from gpusizer.signals.reader import HistoryCache
 from gpusizer.vocabulary import ConditionType, Reason
+
+from tests.fakes import FakeMetrics, FakeTargets
 
 NOW = 1_800_000_000.0
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -34,37 +36,33 @@ SPEC = WorkloadSizingSpec.model_validate(
 )
 
 
-def reshape_record(state: str, to_slice: str, to_resource: str) -> dict[str, Any]:
-    """The annotation a move leaves on the Deployment, as `right_size` writes it."""
-    return {
-        "state": state,
-        "from": {"slice": "gpu-h100", "product": "h100-80gb", "resource": "nvidia.com/gpu"},
-        "to": {"slice": to_slice, "product": "h100-80gb", "resource": to_resource, "replicas": 1},
-        "started": "2027-01-15T07:59:00Z",
-        "message": "1 pod(s) ready on the new slice",
-    }
-
-
-class PrometheusAnswering:
-    """The history queries' answer: `peak_mib` for the pod `pod`, or no sample at all."""
-
-    def __init__(self, pod: str, peak_mib: float | None) -> None:
-        self.pod, self.peak_mib = pod, peak_mib
-
-    async def per_pod_batch(
-        self, wanted: Mapping[str, Any]
-    ) -> tuple[dict[str, PodSamples], dict[str, Problem]]:
-        sample = {(NAMESPACE, self.pod): Sample(self.peak_mib, 0.0)} if self.peak_mib else {}
-        return {"peak_memory": PodSamples(samples=sample)}, {}
-
-
-class NoWrites:
-    async def reshape(self, *args: Any) -> None:
-        raise AssertionError("nothing is to be moved")
+def reshape_record(state: ReshapeState, to_slice: str, to_resource: str) -> ReshapeRecord:
+    """The record a move from a whole H100 leaves on the Deployment."""
+    return ReshapeRecord(
+        state=state,
+        origin=Placement(
+            slice="gpu-h100",
+            product="h100-80gb",
+            resource="nvidia.com/gpu",
+            product_label=H100,
+            replicas=1,
+        ),
+        to=Placement(
+            slice=to_slice,
+            product="h100-80gb",
+            resource=to_resource,
+            product_label=H100,
+            replicas=1,
+        ),
+        container="vllm",
+        started="2027-01-15T07:59:00Z",
+        deadline_seconds=600,
+        message="1 pod(s) ready on the new slice",
+    )
 
 
 async def decide(
-    record: dict[str, Any], resource: str, node: NodeInfo, peak_mib: float | None
+    record: ReshapeRecord, resource: str, node: NodeInfo, peak_mib: float | None
 ) -> Any:
     catalog = load_catalog()
     pod = PodInfo(
@@ -84,29 +82,21 @@ async def decide(
         replicas=1,
         selector="app=small",
         resource_version="7",
-        annotations={RESHAPE_ANNOTATION: json.dumps(record)},
+        annotations={RESHAPE_ANNOTATION: record.annotation()},
         pod_spec={
             "nodeSelector": {"nvidia.com/gpu.product": H100},
             "containers": [{"name": "vllm", "resources": {"limits": {resource: "1"}}}],
         },
     )
-    settings = RightSizingSettings(
-        catalog=catalog,
-        history=HistoryCache(PrometheusAnswering(pod.name, peak_mib), 60),  # type: ignore[arg-type]
-        offers=OfferCache(catalog, 60),
-    )
-    return await right_size(
-        SPEC,
-        NAMESPACE,
-        target,
-        [pod],
-        lambda: [pod],
-        {node.name: node},
-        settings,
-        NoWrites(),  # type: ignore[arg-type]
-        may_act=True,
-        now=NOW,
-    )
+    # the history queries' answer: `peak_mib` for the pod, or no sample at all
+    peak = {(NAMESPACE, pod.name): Sample(peak_mib, 0.0)} if peak_mib else {}
+    metrics = FakeMetrics(answers={"peak_memory": PodSamples(samples=peak)})
+    targets = FakeTargets({(NAMESPACE, "small"): target})
+    sizer = RightSizer(catalog, HistoryCache(metrics, 60), OfferCache(catalog, 60), targets)
+    cluster = ClusterView({NAMESPACE: [pod]}, {node.name: node})
+    out = await sizer.size(SPEC, Sized(NAMESPACE, target, [pod], cluster), NOW, may_act=True)
+    assert targets.reshapes == [], "nothing is to be moved"
+    return out
 
 
 MIG_NODE = NodeInfo("h100-mig-0", H100, {"nvidia.com/mig-2g.20gb": 8}, True)
@@ -114,7 +104,7 @@ WHOLE_NODE = NodeInfo("h100-0", H100, {"nvidia.com/gpu": 8}, True)
 
 
 async def test_a_finished_move_stays_right_sized_until_the_new_slice_is_measured() -> None:
-    record = reshape_record("Done", "mig-2g.20gb", "nvidia.com/mig-2g.20gb")
+    record = reshape_record(ReshapeState.DONE, "mig-2g.20gb", "nvidia.com/mig-2g.20gb")
     out = await decide(record, "nvidia.com/mig-2g.20gb", MIG_NODE, peak_mib=None)
     assert out.condition.type == ConditionType.RIGHT_SIZED
     assert (out.condition.status, out.condition.reason) == (True, Reason.RIGHT_SIZED)
@@ -125,11 +115,11 @@ async def test_a_finished_move_stays_right_sized_until_the_new_slice_is_measured
 
 
 async def test_once_measured_the_new_slice_is_judged_on_its_own_samples() -> None:
-    record = reshape_record("Done", "mig-2g.20gb", "nvidia.com/mig-2g.20gb")
+    record = reshape_record(ReshapeState.DONE, "mig-2g.20gb", "nvidia.com/mig-2g.20gb")
     out = await decide(record, "nvidia.com/mig-2g.20gb", MIG_NODE, peak_mib=12288)
     assert (out.condition.status, out.condition.reason) == (True, Reason.RIGHT_SIZED)
     assert out.condition.message.startswith("mig-2g.20gb is the cheapest fitting slice")
-    assert out.recommendation is not None and out.recommendation["slice"] == "mig-2g.20gb"
+    assert out.recommendation is not None and out.recommendation.slice == "mig-2g.20gb"
 
 
 @pytest.mark.parametrize(
@@ -137,25 +127,25 @@ async def test_once_measured_the_new_slice_is_judged_on_its_own_samples() -> Non
     [
         # moved back to whole GPUs by hand after the move: the move no longer describes it
         (
-            reshape_record("Done", "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
+            reshape_record(ReshapeState.DONE, "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
             "nvidia.com/gpu",
             WHOLE_NODE,
         ),
         (
-            reshape_record("RolledBack", "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
+            reshape_record(ReshapeState.ROLLED_BACK, "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
             "nvidia.com/gpu",
             WHOLE_NODE,
         ),
         # on the slice a rolled-back move aimed at (put there by hand): no move of ours stands
         (
-            reshape_record("RolledBack", "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
+            reshape_record(ReshapeState.ROLLED_BACK, "mig-2g.20gb", "nvidia.com/mig-2g.20gb"),
             "nvidia.com/mig-2g.20gb",
             MIG_NODE,
         ),
     ],
 )
 async def test_without_a_finished_move_to_it_an_unmeasured_slice_is_unknown(
-    record: dict[str, Any], resource: str, node: NodeInfo
+    record: ReshapeRecord, resource: str, node: NodeInfo
 ) -> None:
     out = await decide(record, resource, node, peak_mib=None)
     assert (out.condition.status, out.condition.reason) == (None, Reason.NO_MEASUREMENT)

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
-from gpusizer.reconcile import ClusterView
-from gpusizer.signals.join import moved_pods, workload_signals
+from gpusizer.cluster import ClusterView
+from gpusizer.signals.join import workload_signals
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo, matches_selector, pod_info
-from gpusizer.signals.source import GPU_UTIL, MEMORY, MIG_UTIL, Snapshot, queue_signal
+from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
+from gpusizer.signals.snapshot import Snapshot, moved_pods
 from gpusizer.vocabulary import Reason
 
 NOW = 1_800_000_000.0

@@ -6,7 +6,8 @@ import math
 from typing import Any
 
 import pytest
-from gpusizer.signals.parse import TIMESTAMP_LABEL, Sample, per_pod, pod_query, scalar
+from gpusizer.signals.parse import Sample, per_pod, scalar
+from gpusizer.signals.queries import TIMESTAMP_LABEL, pod_query
 from gpusizer.vocabulary import Reason
 from hypothesis import given
 from hypothesis import strategies as st

@@ -3,23 +3,16 @@ that moved in between, merged into it."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
 
 from gpusizer.api.v1alpha1 import Server
-from gpusizer.signals.parse import PodSamples, Problem, Sample
-from gpusizer.signals.source import (
-    GPU_UTIL,
-    MEMORY,
-    MIG_UTIL,
-    MOVE_MARGIN_SECONDS,
-    PrometheusSettings,
-    PrometheusSource,
-    Snapshot,
-    SnapshotReader,
-    merged,
-    queue_signal,
-)
+from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
+from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, MOVE_MARGIN_SECONDS, queue_signal
+from gpusizer.signals.reader import SnapshotReader, read_moved
+from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
+
+from tests.fakes import FakeMetrics
 
 NAN = Problem(Reason.INVALID_VALUE, "value nan is not finite")
 
@@ -43,34 +36,31 @@ def test_merged_replaces_only_the_pods_it_read() -> None:
     assert base.samples[("ns", "a")] == Sample(50, 3), "the full read is not changed"
 
 
-class CountingSource:
-    """Answers full reads and moved reads with numbered snapshots, recording which it gave."""
+def kinds(metrics: FakeMetrics) -> list[str]:
+    """Each read's kind, from the signals it asked for: a full read asks for every signal,
+    a moved read only for moves."""
+    reads: list[str] = []
+    for signal, _ in metrics.asked:
+        kind = "moved" if signal.startswith("moved:") else "full"
+        if signal == GPU_UTIL or (kind == "moved" and signal == f"moved:{GPU_UTIL}"):
+            reads.append(kind)
+    return reads
 
-    def __init__(self) -> None:
-        self.reads: list[str] = []
-        self.bases: list[float] = []  # the time of the snapshot each moved read merged into
-        self.since: list[float] = []  # how far back each moved read looked
 
-    async def snapshot(self, servers: tuple[Server, ...]) -> Snapshot:
-        self.reads.append("full")
-        return Snapshot(time=float(len(self.reads)))
-
-    async def moved(self, base: Snapshot, since_seconds: float) -> Snapshot:
-        self.reads.append("moved")
-        self.bases.append(base.time)
-        self.since.append(since_seconds)
-        return Snapshot(time=float(len(self.reads)), signals=base.signals, full=False)
+def with_a_pod() -> FakeMetrics:
+    """A Prometheus whose full read has a pod's utilisation, so moved reads ask for it."""
+    return FakeMetrics(answers={GPU_UTIL: PodSamples(samples={("ns", "a"): Sample(50, 1)})})
 
 
 async def test_a_full_read_first_and_once_per_period_the_moves_between() -> None:
     now = [0.0]
-    source = CountingSource()
-    reader = SnapshotReader(source, Server, 4.5, monotonic=lambda: now[0])  # type: ignore[arg-type]
+    metrics = with_a_pod()
+    reader = SnapshotReader(metrics, Server, 4.5, monotonic=lambda: now[0])
     for gap in [1, 1, 1, 1, 1, 1, 3, 1, 1, 1, 1]:  # a read every second, one 3 s late
         await reader.read()
         now[0] += gap
     # at 0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12 s
-    assert source.reads == [
+    assert kinds(metrics) == [
         "full",
         *["moved"] * 4,
         "full",
@@ -82,27 +72,30 @@ async def test_a_full_read_first_and_once_per_period_the_moves_between() -> None
     ]
     # each looks back to before the read before it, however late it comes
     margin = MOVE_MARGIN_SECONDS
-    assert source.since == [1 + margin] * 5 + [3 + margin] + [1 + margin] * 2
+    looked_back = [
+        int(match.group(1)) / 1000
+        for signal, promql in metrics.asked
+        if signal == f"moved:{GPU_UTIL}" and (match := re.search(r"offset (\d+)ms", promql))
+    ]
+    assert looked_back == [1 + margin] * 5 + [3 + margin] + [1 + margin] * 2
 
 
 async def test_each_move_is_merged_into_the_latest_read_not_the_full_one() -> None:
     # a pod that moved two reads ago and not since keeps its moved value
-    source = CountingSource()
-    reader = SnapshotReader(source, Server, 60, monotonic=lambda: 0.0)  # type: ignore[arg-type]
-    reads = [await reader.read() for _ in range(3)]
-    assert [r.full for r in reads] == [True, False, False]
-    assert source.bases == [reads[0].time, reads[1].time]
+    metrics = with_a_pod()
+    reader = SnapshotReader(metrics, Server, 60, monotonic=lambda: 0.0)
+    first = await reader.read()
+    metrics.answers[f"moved:{GPU_UTIL}"] = PodSamples(samples={("ns", "a"): Sample(90, 0)})
+    second = await reader.read()
+    metrics.answers[f"moved:{GPU_UTIL}"] = PodSamples()
+    third = await reader.read()
+    assert [r.full for r in (first, second, third)] == [True, False, False]
+    assert third.signals[GPU_UTIL].samples[("ns", "a")].value == 90
+    assert first.signals[GPU_UTIL].samples[("ns", "a")].value == 50
 
 
 async def test_a_moved_read_asks_only_for_signals_the_full_read_has_samples_of() -> None:
-    source = PrometheusSource(PrometheusSettings(url="http://127.0.0.1:1"))
-    sent: list[str] = []
-
-    async def recording(promql: str, signal: str) -> tuple[Any, Problem | None]:
-        sent.append(signal)
-        return [], None
-
-    source.query = recording  # type: ignore[method-assign]
+    metrics = FakeMetrics()
     base = Snapshot(
         time=1.0,
         signals={
@@ -112,20 +105,16 @@ async def test_a_moved_read_asks_only_for_signals_the_full_read_has_samples_of()
         },
         errors={MIG_UTIL: NAN, queue_signal(Server.VLLM): NAN},  # unread: no move to see
     )
-    moved = await source.moved(base, 3.0)
-    assert sent == [f"moved:{GPU_UTIL}"]
+    moved = await read_moved(metrics, base, 3.0)
+    assert [signal for signal, _ in metrics.asked] == [f"moved:{GPU_UTIL}"]
     assert moved.signals == base.signals and moved.errors == base.errors and not moved.full
 
 
 async def test_a_failed_moved_read_keeps_the_full_read_and_reports_nothing_new() -> None:
     # whether Prometheus is failing is the next full read's to say, for every signal at once
-    source = PrometheusSource(PrometheusSettings(url="http://127.0.0.1:1"))
-
-    async def failing(promql: str, signal: str) -> tuple[Any, Problem | None]:
-        return None, Problem(Reason.PROMETHEUS_UNREACHABLE, "connection refused")
-
-    source.query = failing  # type: ignore[method-assign]
+    metrics = FakeMetrics(down=Problem(Reason.PROMETHEUS_UNREACHABLE, "connection refused"))
     util = PodSamples(samples={("ns", "a"): Sample(50, 1)})
     base = Snapshot(time=1.0, signals={GPU_UTIL: util})
-    moved = await source.moved(base, 3.0)
+    moved = await read_moved(metrics, base, 3.0)
+    assert metrics.asked, "the moved read was sent"
     assert moved.signals == {GPU_UTIL: util} and moved.errors == {}

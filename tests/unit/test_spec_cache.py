@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gpusizer.reconcile import SpecCache
+from gpusizer.memory import SpecCache
 from pydantic import ValidationError
 
 

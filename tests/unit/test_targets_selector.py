@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpusizer.actuate.targets import TargetView, _scale_of, selector_string, target_view
+from gpusizer.actuate.target_view import TargetView, _scale_of, selector_string, target_view
 from gpusizer.api.v1alpha1 import TargetRef
-from gpusizer.reconcile import ClusterView
+from gpusizer.cluster import ClusterView
 from gpusizer.signals.pods import matches_selector, requests_gpu
 
 

@@ -116,12 +116,15 @@ def choose_slice(
     usage: Usage,
     offers: Sequence[Offer],
     spec: RightSizingSpec,
+    *,
     target_utilization: float,
     min_replicas: int,
-    last_reshape_time: float | None,
-    min_interval_seconds: float,
     now: float,
+    last_reshape_time: float | None = None,
+    min_interval_seconds: float = 0.0,
 ) -> SliceChoice:
+    """The slice to recommend, and whether Auto may move there now: not within
+    `min_interval_seconds` of the last reshape (`last_reshape_time`, None for never)."""
     current_cost = usage.replicas * current.price_per_hour
     need = memory_need(current, usage, spec.memory_headroom_percent)
     if need is None:

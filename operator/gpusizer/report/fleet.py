@@ -26,9 +26,10 @@ from gpusizer.catalog import Catalog
 from gpusizer.policy.slices import choose_slice
 from gpusizer.rightsizing import current_slice
 from gpusizer.signals.discovery import NodeInfo, node_info, offers
-from gpusizer.signals.history import HistoryCache, usage
 from gpusizer.signals.pods import PodInfo, pod_info
-from gpusizer.signals.source import PrometheusSource
+from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.reader import HistoryCache
+from gpusizer.signals.usage import usage
 
 HOURS_PER_MONTH = 730.0
 DEFAULT_TARGET_UTILIZATION = 70.0
@@ -161,7 +162,13 @@ async def fleet_report(
             rows.append(_row(key, sized, None, measured, None, "GPU or product not in the catalog"))
             continue
         choice = choose_slice(
-            current, measured, cluster_offers, spec, target, minimum, None, 0.0, now
+            current,
+            measured,
+            cluster_offers,
+            spec,
+            target_utilization=target,
+            min_replicas=minimum,
+            now=now,
         )
         reason = choice.message + (f" ({'; '.join(problems)})" if problems else "")
         rows.append(_row(key, sized, current, measured, choice, reason))

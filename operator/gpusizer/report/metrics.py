@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gpusizer.api.v1alpha1 import Condition
 
 QUERY_SECONDS = Histogram(
     "gpusizer_prometheus_query_duration_seconds",
@@ -55,8 +57,8 @@ CYCLE_SECONDS = Histogram(
 
 @dataclass(slots=True)
 class WorkloadSeries:
-    """What one WorkloadSizing exports. prometheus_client's labelled metrics keep an object of
-    about 730 bytes per series, nine per workload: 33 MiB at 5,000 workloads (bench/README.md)."""
+    """What one WorkloadSizing exports, as plain values: prometheus_client's labelled metrics
+    keep an object per series, nine per workload (bench/README.md)."""
 
     desired: int | None = None  # None until decided: no replica gauges before that
     current: int = 0
@@ -103,14 +105,12 @@ class WorkloadCollector(Collector):
         with self._lock:
             self._of(namespace, name).reconcile_errors += 1
 
-    def set_conditions(
-        self, namespace: str, name: str, conditions: Iterable[Mapping[str, str]]
-    ) -> None:
+    def set_conditions(self, namespace: str, name: str, conditions: Iterable[Condition]) -> None:
         """One series per condition type, following its status and reason."""
         with self._lock:
             shown = self._of(namespace, name).conditions
             for condition in conditions:
-                shown[condition["type"]] = (condition["status"], condition["reason"])
+                shown[condition.type] = (condition.status, condition.reason)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted workload, counters too: dashboards show no ghosts and
@@ -128,8 +128,8 @@ class WorkloadCollector(Collector):
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        # copied under the lock, built outside it: building the families of 5,000 workloads
-        # takes about 200 ms, which would hold up every decision of the event loop
+        # copied under the lock, built outside it: building the families of thousands of
+        # workloads would hold up every decision of the event loop (bench/README.md)
         with self._lock:
             copies = [(key, series.copy()) for key, series in self._series.items()]
         decisions, desired, current, known, writes, errors, conditions = self._families()

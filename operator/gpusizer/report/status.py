@@ -1,5 +1,8 @@
 """Status rendering: conditions with transition times, the persisted decision history, and the
-patch that is sent only when something changed."""
+patch that is sent only when something changed.
+
+Pure: the caller writes the patch (`ports.StatusSink`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusizer.api.v1alpha1 import (
+    Condition,
+    RecommendationSample,
+    ScaleEvent,
+    WorkloadSizingStatus,
+)
 from gpusizer.policy.replicas import History, ScaleEventRecord
 from gpusizer.timefmt import iso, parse_time
 from gpusizer.vocabulary import ConditionType, Reason
@@ -53,17 +62,26 @@ def _idle(status: Mapping[str, Any]) -> bool:
     )
 
 
-def history_to_status(history: History) -> dict[str, Any]:
+def history_fields(history: History) -> dict[str, Any]:
+    """The decision history as WorkloadSizingStatus fields, for the next turn (or process)."""
     return {
-        "recommendations": [{"time": iso(t), "replicas": n} for t, n in history.recommendations],
-        "scaleEvents": [
-            {"time": iso(e.time), "fromReplicas": e.from_replicas, "toReplicas": e.to_replicas}
+        "recommendations": [
+            RecommendationSample(time=iso(t), replicas=n) for t, n in history.recommendations
+        ],
+        "scale_events": [
+            ScaleEvent(time=iso(e.time), from_replicas=e.from_replicas, to_replicas=e.to_replicas)
             for e in history.scale_events
         ],
-        "lastActiveTime": iso(history.last_active_time)
+        "last_active_time": iso(history.last_active_time)
         if history.last_active_time is not None
         else None,
     }
+
+
+def status_json(status: WorkloadSizingStatus | Condition) -> dict[str, Any]:
+    """The fields a turn set, as the API server keeps them: a field set to None is one the
+    merge patch deletes, a field not set is one the turn leaves alone."""
+    return status.model_dump(by_alias=True, exclude_unset=True, mode="json")
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,7 @@ def merge_conditions(
     new: Sequence[ConditionState],
     now: float,
     generation: int | None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """lastTransitionTime moves only when a condition's status flips."""
     previous = {c.get("type"): c for c in old or [] if isinstance(c, Mapping)}
     merged = []
@@ -90,16 +108,19 @@ def merge_conditions(
         transition = stamp
         if before is not None and before.get("status") == status:
             transition = str(before.get("lastTransitionTime") or transition)
-        entry: dict[str, Any] = {
-            "type": state.type.value,
-            "status": status,
-            "reason": state.reason.value,
-            "message": state.message[:1024],
-            "lastTransitionTime": transition,
-        }
+        fields: dict[str, Any] = {}
         if generation is not None:
-            entry["observedGeneration"] = generation
-        merged.append(entry)
+            fields["observed_generation"] = generation
+        merged.append(
+            Condition(
+                type=state.type.value,
+                status=status,
+                reason=state.reason.value,
+                message=state.message[:1024],
+                last_transition_time=transition,
+                **fields,
+            )
+        )
     return merged
 
 

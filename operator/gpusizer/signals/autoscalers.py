@@ -49,7 +49,7 @@ class AutoscalerLister:
         self._custom = k8s.CustomObjectsApi(api_client)
         self._api_client = api_client
         # a thread of its own: in the shared pool the cycle's list waited behind thousands of
-        # queued status writes, and every workload waited for the cycle (bench/scale.py, 5,000)
+        # queued status writes, and every workload waited for the cycle (bench/README.md)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoscalers")
 
     def _list(self) -> dict[TargetKey, str]:

@@ -1,5 +1,8 @@
 """What the cluster offers: GPU slices per node from GPU Feature Discovery labels and
-allocatable resources, and how many units are free after the pods already placed."""
+allocatable resources, and how many units are free after the pods already placed.
+
+Pure: computed from the watches' nodes and pods, at the time the caller passes.
+"""
 
 from __future__ import annotations
 

@@ -11,17 +11,10 @@ from dataclasses import dataclass
 
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.policy.replicas import Signals
-from gpusizer.signals.parse import MOVE_FRACTION, PodKey, PodSamples, Problem, Sample
+from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.source import (
-    GPU_UTIL,
-    MEMORY,
-    MIG_UTIL,
-    QUEUE_SERIES,
-    REPLICA_SIGNALS,
-    Snapshot,
-    queue_signal,
-)
+from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, QUEUE_SERIES, queue_signal
+from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
 
 
@@ -203,28 +196,3 @@ def workload_signals(
         problems=tuple(problems),
         unobserved=len(fresh),
     )
-
-
-def moved_pods(before: Snapshot | None, after: Snapshot) -> frozenset[PodKey]:
-    """Pods whose utilisation or queue moved since the previous cycle: their workloads'
-    decisions may change. A pod that appeared in or left a signal's answer moved, and so did
-    every pod of a signal that failed or was not asked for in the previous cycle. Memory is left
-    out: it sizes slices, not replicas."""
-    moved: set[PodKey] = set()
-    for signal, samples in after.signals.items():
-        if signal not in REPLICA_SIGNALS:
-            continue
-        new = samples.samples
-        previous = before.signals.get(signal) if before is not None else None
-        if previous is None:
-            moved.update(new)
-            continue
-        old = previous.samples
-        moved.update(old.keys() - new.keys())
-        for key, sample in new.items():
-            was = old.get(key)
-            if was is None or abs(sample.value - was.value) > MOVE_FRACTION * max(
-                abs(sample.value), abs(was.value), 1.0
-            ):
-                moved.add(key)
-    return frozenset(moved)

@@ -12,18 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpusizer.signals.queries import TIMESTAMP_LABEL
 from gpusizer.vocabulary import Reason
-
-TIMESTAMP_LABEL = "gpusizer_sample_ts"
-"""Marks the timestamp() half of a combined query (see `pod_query`)."""
 
 PodKey = tuple[str, str]  # (namespace, pod)
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """Slotted, 40 bytes less each: a snapshot holds one per pod and signal (3,000 at 1,000
-    workloads in bench/scale.py).
+    """Slotted, smaller: a snapshot holds one per pod and signal (bench/README.md).
 
     The age is taken when Prometheus answered, not at the decision, which may come later when
     thousands of workloads share one snapshot; and a snapshot may merge samples of several
@@ -50,49 +47,6 @@ class PodSamples:
     read_at: float | None = None
 
 
-POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
-_AGGREGATIONS = {"mean": "avg", "max": "max", "sum": "sum"}
-
-# a reading moved when it changed by more than this share of the larger value (and of at least 1)
-MOVE_FRACTION = 0.05
-
-
-def pod_query(selector: str, combine: str) -> str:
-    """One query that returns each pod's value (its GPUs combined) and, as a twin series, the
-    time of its oldest sample.
-
-    Prometheus combines a pod's GPUs, so a series carries the four pod labels rather than each
-    GPU's dozen: decoding and matching every GPU's labels was a third of the operator's CPU at
-    1,000 workloads (bench/scale.py profile). A NaN on any GPU makes the pod's value NaN, so an
-    invalid series still makes the whole pod unknown. `timestamp()` keeps the labels minus the
-    name, so `or` would drop the twin as a duplicate; an extra label keeps both, and the number
-    of queries stays one per signal.
-    """
-    by = f"by ({POD_LABELS})"
-    oldest = f"min {by} (timestamp({selector}))"
-    return (
-        f"({_AGGREGATIONS[combine]} {by} ({selector})) or "
-        f'label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
-    )
-
-
-def moved_pod_query(selector: str, combine: str, floor: float, since_seconds: float) -> str:
-    """Each pod's value (its series combined), for only the pods whose value moved by more than
-    MOVE_FRACTION since `since_seconds` ago; values under `floor` (the value that reads as 1)
-    count as `floor`, so a pod idling between 0 and 1 % does not move.
-
-    Prometheus does the filtering, so a read between two full snapshots costs the operator the
-    pods that moved, not every pod, and costs Prometheus about as much as one query of a full
-    snapshot (bench/README.md). No timestamp twin: a pod whose value changed has a sample from
-    the last `since_seconds`, which bounds its age."""
-    by = f"by ({POD_LABELS})"
-    aggregate = _AGGREGATIONS[combine]
-    now = f"{aggregate} {by} ({selector})"
-    then = f"{aggregate} {by} ({selector} offset {round(since_seconds * 1000)}ms)"
-    ratio = f"clamp_min({now}, {floor:g}) / clamp_min({then}, {floor:g})"
-    return f"({now}) and on ({POD_LABELS}) (abs(1 - {ratio}) > {MOVE_FRACTION})"
-
-
 def parse_number(raw: Any) -> float | None:
     """Prometheus encodes sample values as strings; anything else is invalid."""
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
@@ -116,7 +70,7 @@ def pod_key(labels: Mapping[str, Any]) -> PodKey | None:
 
 def _series_identity(labels: Mapping[str, Any]) -> frozenset[tuple[Any, Any]]:
     """A series' labels but its name and the twin marker, as a set: sorting every series'
-    labels was a fifth of the operator's CPU at 1,000 workloads (bench/scale.py profile)."""
+    labels showed in the operator's profile (bench/README.md)."""
     rest = dict(labels)
     rest.pop("__name__", None)
     rest.pop(TIMESTAMP_LABEL, None)
@@ -211,3 +165,12 @@ def scalar(result: Any) -> tuple[float | None, Problem | None]:
 
 def pods_missing(expected: Iterable[PodKey], samples: PodSamples) -> list[PodKey]:
     return [key for key in expected if key not in samples.samples]
+
+
+def merged(base: PodSamples, update: PodSamples) -> PodSamples:
+    """`base` with `update`'s pods replaced: a pod is either a sample or a problem."""
+    samples = {k: v for k, v in base.samples.items() if k not in update.problems}
+    samples.update(update.samples)
+    problems = {k: v for k, v in base.problems.items() if k not in update.samples}
+    problems.update(update.problems)
+    return PodSamples(samples=samples, problems=problems, read_at=base.read_at)

@@ -1,4 +1,4 @@
-"""What the operator needs to know about a pod, read from its Kubernetes object."""
+"""What the operator needs to know about a pod, read from its Kubernetes object. Pure."""
 
 from __future__ import annotations
 

@@ -1,84 +1,28 @@
-"""Measured use over a window, for right-sizing: a few range-function queries for every pod
-at once, refreshed far less often than the replica signals."""
+"""A workload's measured use over a window, for right-sizing.
+
+Pure: from the window's range queries (read by `reader.HistoryCache`) and the workload's pods.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.policy.slices import Usage
-from gpusizer.signals.cache import PeriodicCache
-from gpusizer.signals.parse import POD_LABELS, PodSamples, Problem
+from gpusizer.signals.parse import PodSamples, Problem
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.source import PrometheusSource
-
-PEAK_QUANTILE = 0.99
-
-SERVED_COUNTERS: dict[Server, str] = {
-    Server.VLLM: "vllm:request_success_total",
-    Server.TRITON: "nv_inference_request_success",
-}
-
-
-def history_queries(window_seconds: int) -> dict[str, tuple[str, float, str]]:
-    """signal -> (PromQL, scale, how a pod's series combine)."""
-    w = f"[{window_seconds}s]"
-    by = f"by ({POD_LABELS})"
-    queries = {
-        "peak_memory": (
-            f"max {by} (quantile_over_time({PEAK_QUANTILE}, DCGM_FI_DEV_FB_USED{w}))",
-            1.0,
-            "max",
-        ),
-        "utilization": (f"avg {by} (avg_over_time(DCGM_FI_DEV_GPU_UTIL{w}))", 1.0, "mean"),
-        "mig_utilization": (
-            f'avg {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!=""}}{w}))',
-            100.0,
-            "mean",
-        ),
-    }
-    for server, counter in SERVED_COUNTERS.items():
-        queries[f"served:{server.value}"] = (
-            f"sum {by} (rate({counter}{w}))",
-            1.0,
-            "sum",
-        )
-    return queries
+from gpusizer.signals.queries import SERVED_COUNTERS
 
 
 @dataclass
 class UsageHistory:
+    """The window's range queries, per pod and signal (`HistoryCache`)."""
+
     window_seconds: int
     time: float
     signals: dict[str, PodSamples] = field(default_factory=dict)
     errors: dict[str, Problem] = field(default_factory=dict)
-
-
-class HistoryCache:
-    """The window's queries for every pod, at most once per `period_seconds` per window."""
-
-    def __init__(
-        self,
-        prometheus: PrometheusSource,
-        period_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._prometheus = prometheus
-        self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
-            self._fetch, period_seconds, clock
-        )
-
-    async def _fetch(self, window: int) -> UsageHistory:
-        history = UsageHistory(window_seconds=window, time=time.time())
-        history.signals, history.errors = await self._prometheus.per_pod_batch(
-            history_queries(window)
-        )
-        return history
-
-    async def get(self, window: int) -> UsageHistory:
-        return await self._cache.get(window)
 
 
 def usage(

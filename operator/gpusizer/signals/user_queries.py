@@ -4,7 +4,7 @@ Like prom-label-proxy, every vector and matrix selector gets the tenant matcher
 (`namespace="<the object's namespace>"`); a matcher the user wrote on that label is replaced,
 never combined, so a query naming another namespace reads nothing from it. The parsed tree is
 rewritten, not the text, so string literals, functions, modifiers and subqueries stay intact,
-and the result is parsed again and checked, so a rewriting bug fails closed.
+and the result is parsed again and checked, so a rewriting bug fails closed. Pure.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from datetime import timedelta
 import promql_parser as pp
 
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
+from gpusizer.settings import Tenancy
 
 WAKE_FIELD = "spec.scaleToZero.wakeQuery"
 QUEUE_FIELD = "spec.metrics.queueQuery"
@@ -34,14 +35,6 @@ _OPS = (  # MatchOp is not hashable
     (pp.MatchOp.Re, "=~"),
     (pp.MatchOp.NotRe, "!~"),
 )
-
-
-@dataclass(frozen=True)
-class Tenancy:
-    """How far the PromQL in a WorkloadSizing may see."""
-
-    label: str = "namespace"
-    allow_cross_namespace: bool = False
 
 
 class InvalidQuery(ValueError):

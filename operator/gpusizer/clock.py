@@ -1,0 +1,213 @@
+"""The cycle clock: one read of every workload's signals per read period, handed to every
+workload the moment it arrives, each workload deciding in its turn.
+
+A read is shared: the batched Prometheus snapshot and the list of other autoscalers cost the
+same whatever the number of workloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpusizer.report import metrics
+from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.parse import PodKey
+from gpusizer.signals.reader import SnapshotReader
+from gpusizer.signals.snapshot import Snapshot, moved_pods
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Cycle:
+    """What one sync period's shared reads returned, for every workload."""
+
+    snapshot: Snapshot
+    autoscalers: Mapping[TargetKey, str]
+    error: str | None = None
+    workloads: int = 0  # how many decide on it
+    # pods whose readings moved since the previous cycle: their workloads are decided first
+    moved: frozenset[PodKey] = frozenset()
+
+
+async def fetch_cycle(
+    reader: SnapshotReader,
+    list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
+) -> Cycle:
+    """The batched Prometheus snapshot and the list of other autoscalers, for every workload."""
+    started = time.monotonic()
+    snapshot = await reader.read()
+    metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
+        time.monotonic() - started
+    )
+    try:
+        owners = await list_autoscalers()
+        error = None
+    except Exception as exc:  # the API server is down or refusing: say so, act on nothing
+        log.warning("listing HPAs and ScaledObjects failed: %s", exc)
+        owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
+    return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
+
+
+Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first
+
+
+class CycleClock:
+    """One snapshot per read period, handed to every workload the moment it arrives.
+
+    Each workload waits here for the next cycle instead of running on a timer of its own: with
+    timers a change waited up to a period for the shared snapshot and up to another for the
+    workload's own tick. Nothing is fetched while no workload listens (a replica paused behind
+    its peer).
+
+    A workload decides on every `decide_every`-th cycle (one sync period's worth of reads) and
+    on any cycle in which it changed: a load change is acted on at the next read, while the
+    workloads that did not change cost one decision per sync period (a round of decisions over
+    thousands of workloads takes most of a period: bench/README.md, `cycle_s`).
+
+    A cycle wakes every workload at once and most decisions never wait, so one pass of the
+    event loop would run all of them back to back (seconds, at thousands of workloads) while
+    the watches, the event poster and the next snapshot wait: workloads take turns, one
+    decision starting per pass, the others queued in order. Urgent ones (a workload whose
+    readings moved) queue ahead of the rest: a load change would otherwise wait behind up to a
+    whole round of unchanged decisions."""
+
+    def __init__(
+        self,
+        fetch: Callable[[], Awaitable[Cycle]],
+        period_seconds: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        decide_every: int = 1,
+    ) -> None:
+        self._fetch = fetch
+        self._period = period_seconds
+        self._decide_every = decide_every
+        self._monotonic = monotonic  # for a cycle's age
+        self._turn_taken = False
+        # workloads waiting for their turn, each with what says whether a cycle is urgent to it
+        self._turns: collections.deque[tuple[asyncio.Future[None], Urgency]] = collections.deque()
+        self._urgent_turns: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._listeners = 0
+        self._number = 0
+        self._latest: Cycle | None = None
+        self._published_at = 0.0
+        self._arrived: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wanted = asyncio.Event()
+
+    async def run(self) -> None:
+        """Fetch at every period while a workload listens; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._listeners:
+                self._wanted.clear()
+                await self._wanted.wait()
+            started = loop.time()
+            try:
+                self.publish(await self._fetch())
+            except Exception:  # a bug, not an outage (fetch reports those): keep the beat
+                log.exception("fetching the cycle's metrics failed")
+            # the beat itself: the next period starts one period after this one did
+            await asyncio.sleep(max(0.0, self._period - (loop.time() - started)))
+
+    def publish(self, cycle: Cycle) -> None:
+        before = self._latest.snapshot if self._latest is not None else None
+        self._latest = replace(
+            cycle, workloads=self._listeners, moved=moved_pods(before, cycle.snapshot)
+        )
+        # those still waiting from the last round (most of them, when a round of decisions
+        # takes nearly a period) move up if this cycle is urgent to them
+        waiting, self._turns = self._turns, collections.deque()
+        for turn, urgent in waiting:
+            self._queue(turn, urgent)
+        self._published_at = self._monotonic()
+        self._number += 1
+        arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
+        arrived.set_result(None)
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        self._listeners += 1
+        self._wanted.set()
+        try:
+            yield
+        finally:
+            self._listeners -= 1
+
+    async def cycles(
+        self,
+        until: asyncio.Future[Any],
+        urgent: Urgency = lambda _: False,
+        changed: Callable[[Cycle], bool] = lambda _: False,
+    ) -> AsyncIterator[Cycle]:
+        """The cycles to decide on from now on, until `until` is done: every `decide_every`-th
+        since the last one decided on, and any in which `changed` says the workload changed,
+        the turn taken ahead of the others when `urgent` says so. One that arrives while the
+        caller is still busy with the previous is skipped for the newest, which is then decided
+        on: what changed in the skipped one is not in the newest's changes. The first is the
+        latest if it is at most a period old: after a pause it may be hours old.
+
+        No cycle is kept here while waiting, for a turn or for the next cycle: every waiting
+        workload held the one it last saw, and each cycle's snapshot with it (bench/README.md:
+        several snapshots alive at once during a first round)."""
+        decided = looked = 0  # the numbers of the cycles last decided on and last looked at
+        while not until.done():
+            if (
+                self._latest is not None
+                and self._number > looked
+                and (decided or not self._stale())
+            ):
+                skipped = self._number > looked + 1
+                looked = self._number
+                if (
+                    not decided
+                    or skipped
+                    or looked - decided >= self._decide_every
+                    or changed(self._latest)
+                ):
+                    await self._turn(urgent)
+                    if until.done():
+                        return
+                    # the newest: another may have come while this workload waited for its turn
+                    decided = looked = self._number
+                    yield self._latest
+                    continue
+            await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
+
+    async def _turn(self, urgent: Urgency) -> None:
+        """Returns when it is this workload's turn; the next one's comes at the next pass of
+        the loop, whether this decision is done by then or waits for a write."""
+        loop = asyncio.get_running_loop()
+        if self._turn_taken:
+            waiting = loop.create_future()
+            self._queue(waiting, urgent)
+            await waiting  # the turn is handed over taken
+        else:
+            self._turn_taken = True
+        loop.call_soon(self._pass_turn)
+
+    def _queue(self, waiting: asyncio.Future[None], urgent: Urgency) -> None:
+        """Ahead of the rest if the latest cycle is urgent to it."""
+        if self._latest is not None and urgent(self._latest):
+            self._urgent_turns.append(waiting)
+        else:
+            self._turns.append((waiting, urgent))
+
+    def _pass_turn(self) -> None:
+        while self._urgent_turns or self._turns:
+            waiting = (
+                self._urgent_turns.popleft() if self._urgent_turns else self._turns.popleft()[0]
+            )
+            if not waiting.done():  # done: its workload was cancelled while it waited
+                waiting.set_result(None)
+                return
+        self._turn_taken = False
+
+    def _stale(self) -> bool:
+        return self._monotonic() - self._published_at > self._period

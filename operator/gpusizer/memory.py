@@ -1,0 +1,78 @@
+"""What this process remembers of each workload between its turns.
+
+None of it needs to survive a restart: what must (the decision history, the reshape in flight)
+lives in the status and on the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusizer.actuate.target_view import TargetView
+from gpusizer.api.v1alpha1 import TargetRef, WorkloadSizingSpec
+from gpusizer.cluster import ClusterView
+
+
+class SpecCache:
+    """Each workload's spec as validated at its generation: the API server bumps the
+    generation at every change of the spec, so validating once per generation suffices, and
+    validating every spec every turn was a large share of a decision (bench/README.md)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[str, str], tuple[int, WorkloadSizingSpec]] = {}
+
+    def get(
+        self, namespace: str, name: str, generation: int | None, raw: Mapping[str, Any]
+    ) -> WorkloadSizingSpec:
+        """The validated spec; raises ValidationError, and then validates again next time."""
+        known = self._specs.get((namespace, name))
+        if known is not None and generation is not None and known[0] == generation:
+            return known[1]
+        spec = WorkloadSizingSpec.model_validate(raw)
+        if generation is not None:
+            self._specs[(namespace, name)] = (generation, spec)
+        return spec
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._specs.pop((namespace, name), None)
+
+
+@dataclass
+class Memory:
+    """What this process remembers of each workload between its turns. None of it needs to
+    survive a restart: what must (the decision history, the reshape in flight) lives in the
+    status and on the target."""
+
+    specs: SpecCache = field(default_factory=SpecCache)
+    # when this process last decided each workload: see History.decided_at
+    decided: dict[tuple[str, str], float] = field(default_factory=dict)
+    # the resourceVersion of each workload's target as the watch showed it when a scale write
+    # found the API server's copy newer: see watched_target
+    watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.decided.pop((namespace, name), None)
+        self.specs.forget(namespace, name)
+        self.watch_behind.pop((namespace, name), None)
+
+    def watched_target(
+        self, namespace: str, name: str, ref: TargetRef, view: ClusterView
+    ) -> TargetView | None:
+        """The watch's copy of the target, unless a write found it out of date and the watch
+        has shown nothing newer since. A watch whose connection a partition left silent shows
+        an old copy until kopf's inactivity timeout: deciding on that copy meant a conflicting
+        write every turn and no scaling at all."""
+        cached = view.target(namespace, ref)
+        behind = self.watch_behind.get((namespace, name))
+        if cached is None or behind is None:
+            return cached
+        if cached.resource_version == behind:
+            return None
+        del self.watch_behind[(namespace, name)]
+        return cached
+
+    def found_behind(self, namespace: str, name: str, watched: TargetView) -> None:
+        """A write found the API server's copy of the target newer than the watch's."""
+        self.watch_behind[(namespace, name)] = watched.resource_version

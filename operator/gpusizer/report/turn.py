@@ -1,0 +1,128 @@
+"""What a turn reports: its status patch and its events. Conditions are merged with the ones the
+object has, a Warning goes out for each that turns False, and nothing is written unless
+something material changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusizer.api.v1alpha1 import WorkloadSizingStatus
+from gpusizer.cluster import WorkloadObject
+from gpusizer.policy.replicas import ReplicaDecision
+from gpusizer.report import metrics
+from gpusizer.report.events import EventIntent
+from gpusizer.report.status import (
+    ConditionState,
+    flipped,
+    merge_conditions,
+    refresh_seconds,
+    status_json,
+    status_patch,
+)
+from gpusizer.signals.join import WorkloadSignals
+from gpusizer.signals.parse import PodKey
+from gpusizer.vocabulary import ConditionType, EventReason, Reason
+
+
+@dataclass
+class Outcome:
+    status_patch: dict[str, Any]
+    events: list[EventIntent] = field(default_factory=list)
+    pods: tuple[PodKey, ...] = ()  # the pods the decision read: see Cycle.moved
+
+
+class Report:
+    """The turn's status patch and events: conditions merged with the ones the object has,
+    a Warning for each that turns False, and nothing written unless something changed."""
+
+    def __init__(
+        self, obj: WorkloadObject, workloads: int, refresh_minimum: float, now: float
+    ) -> None:
+        self._obj = obj
+        self._old_conditions = obj.status.get("conditions")
+        self._refresh = refresh_seconds(refresh_minimum, workloads)
+        self._now = now
+        self.events: list[EventIntent] = []
+
+    def metrics_condition(
+        self, signals: WorkloadSignals, decision: ReplicaDecision, restricted: tuple[str, ...]
+    ) -> ConditionState:
+        """MetricsAvailable, and a QueryRestricted Warning when a query was confined to its
+        namespace: the likely cause of what follows, so it is named first, even while the
+        metrics are known."""
+        notes = [*restricted]
+        reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
+        state = ConditionState(ConditionType.METRICS_AVAILABLE, True, reason, "; ".join(notes))
+        if signals.problems and not decision.metrics_known:
+            notes.extend(str(p) for p in signals.problems)
+            state = ConditionState(
+                ConditionType.METRICS_AVAILABLE,
+                False,
+                reason if restricted else signals.problems[0].reason,
+                f"{'; '.join(notes)}. Holding replicas: no scale-down or scale to zero on "
+                "unknown metrics",
+            )
+        if restricted and flipped(
+            self._old_conditions,
+            ConditionType.METRICS_AVAILABLE,
+            state.status is True,
+            Reason.QUERY_RESTRICTED,
+        ):
+            self.events.append(
+                EventIntent("Warning", EventReason.QUERY_RESTRICTED, "; ".join(restricted))
+            )
+        return state
+
+    def finish(
+        self,
+        status: Mapping[str, Any],
+        conditions: list[ConditionState],
+        pods: tuple[PodKey, ...] = (),
+    ) -> Outcome:
+        """`status`: the WorkloadSizingStatus fields the turn sets (None deletes one)."""
+        old = self._old_conditions
+        for state in conditions:
+            if state.status is False and flipped(old, state.type, False, state.reason):
+                event = _warning_for(state)
+                if event is not None:
+                    self.events.append(event)
+        known = next((s for s in conditions if s.type == ConditionType.METRICS_AVAILABLE), None)
+        if known is not None and known.status and _was_false(old, known.type):
+            self.events.append(
+                EventIntent("Normal", EventReason.METRICS_RECOVERED, "all signals are known again")
+            )
+        obj = self._obj
+        merged = merge_conditions(old, conditions, self._now, obj.generation)
+        metrics.WORKLOADS.set_conditions(obj.namespace, obj.name, merged)
+        written = WorkloadSizingStatus(
+            **status, observed_generation=obj.generation, conditions=merged
+        )
+        patch = status_patch(obj.status, status_json(written), self._now, self._refresh)
+        return Outcome(status_patch=patch, events=self.events, pods=pods)
+
+
+def _was_false(conditions: Any, type_: ConditionType) -> bool:
+    return any(
+        isinstance(c, Mapping) and c.get("type") == type_.value and c.get("status") == "False"
+        for c in conditions or []
+    )
+
+
+_WARNINGS: dict[Reason, EventReason] = {
+    Reason.TARGET_NOT_FOUND: EventReason.TARGET_NOT_FOUND,
+    Reason.TARGET_NOT_SCALABLE: EventReason.TARGET_NOT_FOUND,
+    Reason.CONFLICTING_AUTOSCALER: EventReason.CONFLICTING_AUTOSCALER,
+    Reason.INVALID_SPEC: EventReason.INVALID_SPEC,
+    Reason.SCALE_FAILED: EventReason.SCALE_FAILED,
+    Reason.OUT_OF_MEMORY: EventReason.OUT_OF_MEMORY,
+}
+
+
+def _warning_for(state: ConditionState) -> EventIntent | None:
+    if state.type == ConditionType.METRICS_AVAILABLE:
+        return EventIntent("Warning", EventReason.METRICS_UNAVAILABLE, state.message)
+    reason = _WARNINGS.get(state.reason)
+    return None if reason is None else EventIntent("Warning", reason, state.message)

@@ -1,0 +1,74 @@
+"""What `gpusizer run` is told: the operator's settings, and the periods derived from them.
+
+Plain data, imported by the command line before anything heavy is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Between two full reads (a sync period) a read asks only for the pods that moved: a load change
+# is acted on within a read period of its scrape, for a little more Prometheus and operator CPU
+# than reading once per sync period (bench/README.md, "Side by side at 5,000").
+DEFAULT_READ_PERIOD_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    url: str
+    timeout_seconds: float = 10.0
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    basic_auth: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """How far the PromQL in a WorkloadSizing may see."""
+
+    label: str = "namespace"
+    allow_cross_namespace: bool = False
+
+
+def read_period_seconds(read_period: float | None, sync_period: float) -> float:
+    """`--read-period`, or its default (DEFAULT_READ_PERIOD_SECONDS, or the sync period when
+    that is shorter); ValueError naming both flags when it is not in (0, sync period]: a read
+    less often than the decisions would leave them nothing new."""
+    if read_period is None:
+        read_period = min(DEFAULT_READ_PERIOD_SECONDS, sync_period)
+    if not 0 < read_period <= sync_period:
+        raise ValueError(
+            f"--read-period ({read_period:g}) must be above 0 and at most "
+            f"--sync-period ({sync_period:g})"
+        )
+    return read_period
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    prometheus: PrometheusSettings
+    tenancy: Tenancy = field(default_factory=Tenancy)
+    sync_period_seconds: float = 15.0
+    read_period_seconds: float | None = None  # at most the sync period; None: the default
+    metrics_port: int = 8080
+    peering: str | None = None  # a kopf peering name; None runs standalone
+    catalog_file: str | None = None
+    rightsizing_period_seconds: float = 60.0
+    reshape_deadline_seconds: float = 600.0
+    min_reshape_interval_seconds: float = 3600.0
+
+    @property
+    def read_period(self) -> float:
+        return read_period_seconds(self.read_period_seconds, self.sync_period_seconds)
+
+    @property
+    def once_per_sync_period(self) -> float:
+        """The age at which what is done once per sync period (a full read, the HPA list) is
+        done again: at the read nearest the period's end."""
+        return self.sync_period_seconds - self.read_period / 2
+
+    @property
+    def decide_every(self) -> int:
+        """Reads per sync period: an unchanged workload decides on every this many."""
+        return int(self.sync_period_seconds // self.read_period)

@@ -1,0 +1,149 @@
+"""The PromQL the operator sends: one query per signal for every pod at once.
+
+Pure: these build query text and name the signals; nothing here talks to Prometheus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from gpusizer.api.v1alpha1 import Server
+
+
+class PodQuery(NamedTuple):
+    """A query that returns each pod's value, and how to read it."""
+
+    promql: str
+    scale: float  # multiplies every value (GR_ENGINE_ACTIVE is 0-1, shown as percent)
+    combine: str  # how a pod's series combine: mean, max or sum
+
+
+GPU_UTIL = "gpu_util"
+MIG_UTIL = "mig_util"
+MEMORY = "memory"
+
+# signal: (selector, scale, how a pod's GPUs combine)
+BATCHED_SIGNALS: dict[str, tuple[str, float, str]] = {
+    GPU_UTIL: ("DCGM_FI_DEV_GPU_UTIL", 1.0, "mean"),
+    MIG_UTIL: ('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 100.0, "mean"),
+    MEMORY: ("DCGM_FI_DEV_FB_USED", 1.0, "max"),
+}
+
+QUEUE_SERIES: dict[Server, str] = {
+    Server.VLLM: "vllm:num_requests_waiting",
+    Server.TRITON: "nv_inference_pending_request_count",
+    Server.TGI: "tgi_queue_size",
+    Server.SGLANG: "sglang:num_queue_reqs",
+}
+
+# what right-sizing counts as served requests, per server
+SERVED_COUNTERS: dict[Server, str] = {
+    Server.VLLM: "vllm:request_success_total",
+    Server.TRITON: "nv_inference_request_success",
+}
+
+TIMESTAMP_LABEL = "gpusizer_sample_ts"
+"""Marks the timestamp() half of a combined query (see `pod_query`)."""
+
+POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
+_AGGREGATIONS = {"mean": "avg", "max": "max", "sum": "sum"}
+
+# a reading moved when it changed by more than this share of the larger value (and of at least 1)
+MOVE_FRACTION = 0.05
+
+# A sample is stored when its scrape ends but stamped when it began: a read compares each pod's
+# value now with its value this long before the previous read, so that a scrape which began
+# before that read and landed after it still shows as a move. One that took longer waits for
+# the next full read.
+MOVE_MARGIN_SECONDS = 2.0
+
+PEAK_QUANTILE = 0.99
+
+
+def queue_signal(server: Server) -> str:
+    return f"queue:{server.value}"
+
+
+# the signals replicas are sized on: a move in one of them is worth deciding on at once
+REPLICA_SIGNALS = frozenset({GPU_UTIL, MIG_UTIL, *(queue_signal(s) for s in QUEUE_SERIES)})
+
+
+def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, str]]:
+    """signal -> (selector, scale, how a pod's series combine) for one cycle's reads."""
+    wanted: dict[str, tuple[str, float, str]] = dict(BATCHED_SIGNALS)
+    for server in sorted(set(servers)):
+        if server in QUEUE_SERIES:
+            wanted[queue_signal(server)] = (QUEUE_SERIES[server], 1.0, "sum")
+    return wanted
+
+
+def pod_query(selector: str, combine: str) -> str:
+    """One query that returns each pod's value (its GPUs combined) and, as a twin series, the
+    time of its oldest sample.
+
+    Prometheus combines a pod's GPUs, so a series carries the four pod labels rather than each
+    GPU's dozen: decoding and matching every GPU's labels was the largest part of the
+    operator's CPU (bench/README.md). A NaN on any GPU makes the pod's value NaN, so an
+    invalid series still makes the whole pod unknown. `timestamp()` keeps the labels minus the
+    name, so `or` would drop the twin as a duplicate; an extra label keeps both, and the number
+    of queries stays one per signal.
+    """
+    by = f"by ({POD_LABELS})"
+    oldest = f"min {by} (timestamp({selector}))"
+    return (
+        f"({_AGGREGATIONS[combine]} {by} ({selector})) or "
+        f'label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
+    )
+
+
+def full_read_queries(servers: Iterable[Server]) -> dict[str, PodQuery]:
+    """Every signal for every pod: the queries of a full read."""
+    return {
+        name: PodQuery(pod_query(selector, combine), scale, combine)
+        for name, (selector, scale, combine) in batched_signals(servers).items()
+    }
+
+
+def moved_pod_query(selector: str, combine: str, floor: float, since_seconds: float) -> str:
+    """Each pod's value (its series combined), for only the pods whose value moved by more than
+    MOVE_FRACTION since `since_seconds` ago; values under `floor` (the value that reads as 1)
+    count as `floor`, so a pod idling between 0 and 1 % does not move.
+
+    Prometheus does the filtering, so a read between two full snapshots costs the operator the
+    pods that moved, not every pod, and costs Prometheus about as much as one query of a full
+    snapshot (bench/README.md). No timestamp twin: a pod whose value changed has a sample from
+    the last `since_seconds`, which bounds its age."""
+    by = f"by ({POD_LABELS})"
+    aggregate = _AGGREGATIONS[combine]
+    now = f"{aggregate} {by} ({selector})"
+    then = f"{aggregate} {by} ({selector} offset {round(since_seconds * 1000)}ms)"
+    ratio = f"clamp_min({now}, {floor:g}) / clamp_min({then}, {floor:g})"
+    return f"({now}) and on ({POD_LABELS}) (abs(1 - {ratio}) > {MOVE_FRACTION})"
+
+
+def custom_queue_query(promql: str) -> PodQuery:
+    """A user's queueQuery (already confined to its namespace), summed per pod."""
+    return PodQuery(pod_query(promql, "sum"), 1.0, "sum")
+
+
+def history_queries(window_seconds: int) -> dict[str, PodQuery]:
+    """Measured use over a window, for right-sizing: range functions over every pod at once."""
+    w = f"[{window_seconds}s]"
+    by = f"by ({POD_LABELS})"
+    queries = {
+        "peak_memory": PodQuery(
+            f"max {by} (quantile_over_time({PEAK_QUANTILE}, DCGM_FI_DEV_FB_USED{w}))",
+            1.0,
+            "max",
+        ),
+        "utilization": PodQuery(f"avg {by} (avg_over_time(DCGM_FI_DEV_GPU_UTIL{w}))", 1.0, "mean"),
+        "mig_utilization": PodQuery(
+            f'avg {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!=""}}{w}))',
+            100.0,
+            "mean",
+        ),
+    }
+    for server, counter in SERVED_COUNTERS.items():
+        queries[f"served:{server.value}"] = PodQuery(f"sum {by} (rate({counter}{w}))", 1.0, "sum")
+    return queries

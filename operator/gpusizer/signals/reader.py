@@ -1,0 +1,120 @@
+"""What the operator reads from Prometheus, through a `MetricsSource`: the snapshot every
+workload decides on, a user's own queue query, and measured use over a window."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.ports import MetricsSource
+from gpusizer.signals.cache import PeriodicCache
+from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
+from gpusizer.signals.queries import (
+    MOVE_MARGIN_SECONDS,
+    REPLICA_SIGNALS,
+    PodQuery,
+    batched_signals,
+    custom_queue_query,
+    full_read_queries,
+    history_queries,
+    moved_pod_query,
+)
+from gpusizer.signals.snapshot import Snapshot
+from gpusizer.signals.usage import UsageHistory
+
+
+async def read_full(source: MetricsSource, servers: Iterable[Server]) -> Snapshot:
+    """Every signal for every pod: a constant number of queries, whatever the workload count."""
+    snap = Snapshot(time=time.time())
+    snap.signals, snap.errors = await source.per_pod_batch(full_read_queries(servers))
+    return snap
+
+
+async def read_moved(source: MetricsSource, base: Snapshot, since_seconds: float) -> Snapshot:
+    """`base` with the replica signals' pods whose value moved in the last `since_seconds`
+    merged in: one query per signal that `base` has samples of, whatever the workload count
+    (a signal it failed to read, or that no pod has, waits for the next full read). A signal
+    whose query fails keeps `base`'s samples: the next full read says whether Prometheus is
+    failing. A moved pod's age is taken as `since_seconds`, the most it can be."""
+    wanted = {
+        name: PodQuery(moved_pod_query(selector, combine, 1 / scale, since_seconds), scale, combine)
+        for name, (selector, scale, combine) in batched_signals(Server).items()
+        if name in REPLICA_SIGNALS and name in base.signals and base.signals[name].samples
+    }
+    snap = Snapshot(time.time(), dict(base.signals), base.errors, full=False)
+    read, _ = await source.per_pod_batch({f"moved:{n}": q for n, q in wanted.items()})
+    for name in wanted:
+        update = read.get(f"moved:{name}")
+        if update is not None and (update.samples or update.problems):
+            update.samples = {
+                key: Sample(sample.value, since_seconds) for key, sample in update.samples.items()
+            }
+            snap.signals[name] = merged(snap.signals[name], update)
+    return snap
+
+
+async def read_custom_queue(source: MetricsSource, promql: str) -> PodSamples | Problem:
+    """A user's queueQuery, summed per pod."""
+    samples, errors = await source.per_pod_batch({"queue:custom": custom_queue_query(promql)})
+    return errors.get("queue:custom") or samples["queue:custom"]
+
+
+class SnapshotReader:
+    """What each read of the cycle clock asks Prometheus: every signal for every pod once per
+    `full_every_seconds` (a sync period), and in between only the pods whose utilisation or
+    queue moved since the read before, merged into the latest read.
+
+    A full read returns a few series per pod and signal; the moves are a few series, so a load
+    change is seen within a read period of its scrape for about the Prometheus work of one
+    query of a full read (bench/README.md)."""
+
+    def __init__(
+        self,
+        source: MetricsSource,
+        servers: Iterable[Server],
+        full_every_seconds: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._servers = tuple(servers)
+        self._full_every = full_every_seconds
+        self._monotonic = monotonic
+        self._latest: Snapshot | None = None
+        self._full_at = self._read_at = 0.0
+
+    async def read(self) -> Snapshot:
+        latest, now = self._latest, self._monotonic()
+        since = now - self._read_at + MOVE_MARGIN_SECONDS
+        self._read_at = now
+        if latest is None or now - self._full_at >= self._full_every:
+            self._full_at = now
+            latest = await read_full(self._source, self._servers)
+        else:
+            latest = await read_moved(self._source, latest, since)
+        self._latest = latest
+        return latest
+
+
+class HistoryCache:
+    """Measured use over a window for every pod, read at most once per `period_seconds` per
+    window: right-sizing needs it far less often than the replica signals."""
+
+    def __init__(
+        self,
+        source: MetricsSource,
+        period_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
+            self._fetch, period_seconds, clock
+        )
+
+    async def _fetch(self, window: int) -> UsageHistory:
+        history = UsageHistory(window_seconds=window, time=time.time())
+        history.signals, history.errors = await self._source.per_pod_batch(history_queries(window))
+        return history
+
+    async def get(self, window: int) -> UsageHistory:
+        return await self._cache.get(window)

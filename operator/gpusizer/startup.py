@@ -1,0 +1,114 @@
+"""What the operator builds once at start-up from its settings: the ports, the shared reads,
+the cycle clock and its own metrics server. The kopf handlers get all of it from here."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import disable_created_metrics, start_http_server
+
+from gpusizer.actuate.targets import Targets
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.catalog import load_catalog
+from gpusizer.clock import CycleClock, fetch_cycle
+from gpusizer.kube import WORKER_THREADS, api_client
+from gpusizer.memory import Memory
+from gpusizer.peering import report_peering
+from gpusizer.reconcile import Services
+from gpusizer.report.writer import StatusWriter
+from gpusizer.rightsizing import RightSizer
+from gpusizer.settings import OperatorSettings
+from gpusizer.signals.autoscalers import AutoscalerLister, TargetKey
+from gpusizer.signals.cache import PeriodicCache
+from gpusizer.signals.discovery import OfferCache
+from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.reader import HistoryCache, SnapshotReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """Everything a workload's turn needs that outlives the turn."""
+
+    services: Services
+    memory: Memory
+    status_writer: StatusWriter
+    clock: CycleClock
+    executor: ThreadPoolExecutor
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Reads and writes still queued for a worker thread are dropped (every decision is
+        made again by the next process): asyncio would otherwise run all of them before
+        exiting, past a pod's grace period at thousands of workloads."""
+        for task in self.tasks:
+            task.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def start(config: OperatorSettings, peering_priority: int) -> Runtime:
+    """Builds the runtime and starts the cycle clock, the metrics server and, with a peering,
+    the report of which replica is in charge."""
+    executor = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="gpusizer")
+    asyncio.get_running_loop().set_default_executor(executor)
+    client = api_client()
+    prometheus = PrometheusSource(config.prometheus)
+    catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
+    targets = Targets(client)
+    services = Services(
+        metrics=prometheus,
+        targets=targets,
+        right_sizer=RightSizer(
+            catalog,
+            HistoryCache(prometheus, config.rightsizing_period_seconds),
+            OfferCache(catalog, config.sync_period_seconds),
+            targets,
+            reshape_deadline_seconds=config.reshape_deadline_seconds,
+            min_reshape_interval_seconds=config.min_reshape_interval_seconds,
+        ),
+        tenancy=config.tenancy,
+    )
+    # the HPAs and ScaledObjects are listed once per sync period, not at every read: that
+    # check is no more urgent than the decisions of workloads that did not change
+    lister = AutoscalerLister(client)
+    autoscalers: PeriodicCache[None, Mapping[TargetKey, str]] = PeriodicCache(
+        lambda _: lister.list(), config.once_per_sync_period
+    )
+    # every signal for every pod once per sync period; in between, the pods that moved
+    reader = SnapshotReader(prometheus, Server, config.once_per_sync_period)
+    clock = CycleClock(
+        functools.partial(fetch_cycle, reader, functools.partial(autoscalers.get, None)),
+        config.read_period,
+        decide_every=config.decide_every,
+    )
+    runtime = Runtime(services, Memory(), StatusWriter(client), clock, executor)
+    runtime.tasks.append(asyncio.create_task(clock.run()))
+    if config.peering:
+        runtime.tasks.append(
+            asyncio.create_task(
+                report_peering(
+                    client,
+                    config.peering,
+                    peering_priority,
+                    max(5.0, config.sync_period_seconds),
+                )
+            )
+        )
+    # no `_created` twin for each workload's counters: they were a tenth of the series and
+    # rendering /metrics was a large share of the operator's CPU (bench/README.md)
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+    start_http_server(config.metrics_port)
+    log.info(
+        "gpusizer started: prometheus %s, sync every %ss, metrics read every %ss",
+        config.prometheus.url,
+        config.sync_period_seconds,
+        config.read_period,
+    )
+    return runtime

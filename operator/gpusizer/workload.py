@@ -1,0 +1,128 @@
+"""One WorkloadSizing's life in this process: wait for a cycle, take a turn, post its events,
+write its status. The kopf daemon that runs it (handlers.py) only starts and stops it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from gpusizer.clock import Cycle, CycleClock
+from gpusizer.cluster import ClusterView, WorkloadObject
+from gpusizer.memory import Memory
+from gpusizer.ports import StatusSink
+from gpusizer.reconcile import Services, reconcile
+from gpusizer.report import metrics
+from gpusizer.report.status import StatusOverlay
+from gpusizer.report.turn import Outcome
+from gpusizer.report.writer import StatusNotWritten
+from gpusizer.signals.parse import PodKey
+
+
+@dataclass
+class Workload:
+    """One WorkloadSizing as its daemon sees it: the body kopf keeps current from the watch,
+    and the status this process wrote since."""
+
+    namespace: str
+    name: str
+    body: kopf.Body
+    logger: kopf.Logger
+    status: StatusOverlay = field(default_factory=StatusOverlay)
+    pods: tuple[PodKey, ...] = ()  # the ones its last decision read
+    generation: int | None = None  # of the spec its last decision read
+
+    def urgent(self, cycle: Cycle) -> bool:
+        """Decided ahead of the others in `cycle`: one of its pods' readings moved, or it has
+        none the shared snapshot shows (not decided yet, or scaled to zero and waiting on its
+        own wake query)."""
+        return not self.pods or self.moved(cycle)
+
+    def moved(self, cycle: Cycle) -> bool:
+        return not cycle.moved.isdisjoint(self.pods)
+
+    def changed(self, cycle: Cycle) -> bool:
+        """Decided on `cycle` even between sync periods: one of its pods' readings moved, or
+        its spec changed since its last decision."""
+        return self.moved(cycle) or self.body.meta.get("generation") != self.generation
+
+    async def follow(
+        self,
+        clock: CycleClock,
+        until: asyncio.Future[Any],
+        view: ClusterView,
+        services: Services,
+        memory: Memory,
+        writer: StatusSink,
+    ) -> None:
+        """Decides on every cycle until `until` is done. A cycle is let go once decided on,
+        before the status is written: while thousands of workloads first start, their status
+        writes queue for the worker threads, and each decision waiting for its own kept a
+        cycle's snapshot alive (bench/README.md)."""
+        with clock.listening():
+            async for cycle in clock.cycles(until=until, urgent=self.urgent, changed=self.changed):
+                outcome = await self.decide(cycle, view, services, memory)
+                del cycle  # nor kept while waiting for the next (CycleClock.cycles)
+                if outcome is not None:
+                    await self.report(outcome, writer)
+
+    async def decide(
+        self, cycle: Cycle, view: ClusterView, services: Services, memory: Memory
+    ) -> Outcome | None:
+        """The turn on `cycle`, scale writes included; None when it failed (logged)."""
+        metrics.DECISION_LAG_SECONDS.observe(time.time() - cycle.snapshot.time)
+        started = time.monotonic()
+        self.generation = self.body.meta.get("generation")
+        obj = WorkloadObject(
+            namespace=self.namespace,
+            name=self.name,
+            spec=dict(self.body.spec),
+            status=self.status.current(self.body.status),
+            annotations=dict(self.body.meta.annotations),
+            generation=self.generation,
+        )
+        try:
+            outcome = await reconcile(obj, view, cycle, services, memory, time.time())
+        except Exception:  # a bug: say so under the object's name, and decide again next cycle
+            metrics.WORKLOADS.reconcile_failed(self.namespace, self.name)
+            self.logger.exception("sizing failed; it is tried again within a sync period")
+            return None
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self.pods = outcome.pods
+        return outcome
+
+    async def report(self, outcome: Outcome, writer: StatusSink) -> None:
+        """The decision's events, then its status."""
+        for event in outcome.events:
+            kopf.event(self.body, type=event.type, reason=event.reason.value, message=event.message)
+            # the same line in the operator's log, under the object's name, for whoever reads
+            # logs rather than Events (Events expire after an hour)
+            self.logger.log(
+                logging.WARNING if event.type == "Warning" else logging.INFO,
+                "%s: %s",
+                event.reason.value,
+                event.message,
+            )
+            metrics.KUBE_API_REQUESTS.labels(verb="POST").inc()  # kopf posts it
+        if outcome.status_patch:
+            await self._write(outcome.status_patch, writer)
+
+    async def _write(self, patch: Mapping[str, Any], writer: StatusSink) -> None:
+        outgoing = self.status.outgoing(patch)
+        try:
+            written = await writer.write(self.namespace, self.name, outgoing)
+        except StatusNotWritten as exc:
+            self.status.failed(outgoing)
+            self.logger.warning(
+                "writing the status failed; it goes out with the next cycle's: %s", exc
+            )
+            return
+        self.status.wrote(written)
+        for status_field in outgoing:
+            metrics.STATUS_WRITES.labels(field=status_field).inc()

@@ -1,0 +1,165 @@
+"""In-memory implementations of the operator's ports (`gpusizer.ports`), for fast tests of
+every branch of a turn: each answers from a table the test fills and records what was asked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpusizer.actuate.target_view import (
+    ScaleConflict,
+    SliceChange,
+    TargetNotFound,
+    TargetProblem,
+    TargetView,
+)
+from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.catalog import load_catalog
+from gpusizer.cluster import WorkloadObject
+from gpusizer.ports import MetricsSource, TargetClient
+from gpusizer.reconcile import Services
+from gpusizer.rightsizing import RightSizer
+from gpusizer.settings import Tenancy
+from gpusizer.signals.discovery import OfferCache
+from gpusizer.signals.parse import PodSamples, Problem
+from gpusizer.signals.queries import PodQuery
+from gpusizer.signals.reader import HistoryCache
+from gpusizer.vocabulary import Reason
+
+
+@dataclass
+class FakeMetrics:
+    """A MetricsSource: each signal's answer by name (a signal not in the table has no series),
+    or `down` for every query, as a Prometheus that does not answer."""
+
+    answers: dict[str, PodSamples | Problem] = field(default_factory=dict)
+    scalars: dict[str, float | Problem] = field(default_factory=dict)
+    down: Problem | None = None
+    asked: list[tuple[str, str]] = field(default_factory=list)  # (signal, promql)
+
+    async def per_pod_batch(
+        self, wanted: Mapping[str, PodQuery]
+    ) -> tuple[dict[str, PodSamples], dict[str, Problem]]:
+        samples: dict[str, PodSamples] = {}
+        errors: dict[str, Problem] = {}
+        for name, query in wanted.items():
+            self.asked.append((name, query.promql))
+            answer = self.down or self.answers.get(name, PodSamples())
+            if isinstance(answer, Problem):
+                errors[name] = answer
+            else:
+                samples[name] = answer
+        return samples, errors
+
+    async def scalar(self, promql: str) -> tuple[float | None, Problem | None]:
+        self.asked.append(("scalar", promql))
+        answer = self.down or self.scalars.get(promql)
+        if answer is None:
+            return None, Problem(Reason.NO_SAMPLES, "the query returned no series")
+        if isinstance(answer, Problem):
+            return None, answer
+        return answer, None
+
+
+@dataclass
+class FakeTargets:
+    """A TargetClient over targets by (namespace, name). A write or reshape changes the stored
+    target as the API server would; `fail` makes the named call raise instead."""
+
+    targets: dict[tuple[str, str], TargetView] = field(default_factory=dict)
+    fail: dict[str, TargetProblem] = field(default_factory=dict)  # read|write|reshape|annotate
+    writes: list[tuple[str, str, int]] = field(default_factory=list)  # namespace, name, replicas
+    reshapes: list[tuple[str, str, SliceChange]] = field(default_factory=list)
+    annotations: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    reads: int = 0
+
+    def _get(self, namespace: str, ref: TargetRef) -> TargetView:
+        target = self.targets.get((namespace, ref.name))
+        if target is None:
+            raise TargetNotFound(
+                f"spec.targetRef: {ref.kind} {namespace}/{ref.name} does not exist"
+            )
+        return target
+
+    def _store(self, namespace: str, ref: TargetRef, target: TargetView) -> None:
+        version = str(int(target.resource_version or "0") + 1)
+        self.targets[(namespace, ref.name)] = replace(target, resource_version=version)
+
+    async def read(self, namespace: str, ref: TargetRef) -> TargetView:
+        self.reads += 1
+        if "read" in self.fail:
+            raise self.fail["read"]
+        return self._get(namespace, ref)
+
+    async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
+        if "write" in self.fail:
+            raise self.fail["write"]
+        target = self._get(namespace, ref)
+        if target.replicas != expected:
+            raise ScaleConflict(
+                f"{ref.kind} {namespace}/{ref.name} changed to {target.replicas} replicas since "
+                f"it was read ({expected}); deciding again next cycle"
+            )
+        self.writes.append((namespace, ref.name, replicas))
+        self._store(namespace, ref, replace(target, replicas=replicas))
+
+    async def reshape(self, namespace: str, ref: TargetRef, change: SliceChange) -> None:
+        if "reshape" in self.fail:
+            raise self.fail["reshape"]
+        target = self._get(namespace, ref)
+        self.reshapes.append((namespace, ref.name, change))
+        annotations = {**target.annotations, **change.annotations}
+        self._store(
+            namespace, ref, replace(target, replicas=change.replicas, annotations=annotations)
+        )
+
+    async def annotate(
+        self, namespace: str, ref: TargetRef, annotations: Mapping[str, str]
+    ) -> None:
+        if "annotate" in self.fail:
+            raise self.fail["annotate"]
+        target = self._get(namespace, ref)
+        self.annotations.append((namespace, ref.name, dict(annotations)))
+        merged = {**target.annotations, **annotations}
+        self._store(namespace, ref, replace(target, annotations=merged))
+
+
+@dataclass
+class FakeStatus:
+    """A StatusSink that keeps every patch and answers with the merged status."""
+
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+
+    async def write(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.patches.append(dict(patch))
+        self.status = {k: v for k, v in {**self.status, **patch}.items() if v is not None}
+        return dict(self.status)
+
+
+def services(
+    metrics: MetricsSource, targets: TargetClient, tenancy: Tenancy | None = None
+) -> Services:
+    """A turn's ports with the default catalog; right-sizing reads its history from `metrics`
+    and writes through `targets`."""
+    catalog = load_catalog()
+    return Services(
+        metrics=metrics,
+        targets=targets,
+        right_sizer=RightSizer(
+            catalog, HistoryCache(metrics, 60), OfferCache(catalog, 60), targets
+        ),
+        tenancy=tenancy or Tenancy(),
+    )
+
+
+def workload(
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    name: str = "chat",
+    namespace: str = "llm",
+    generation: int = 1,
+) -> WorkloadObject:
+    return WorkloadObject(namespace, name, spec, status or {}, annotations or {}, generation)

@@ -1,0 +1,546 @@
+"""One turn of a WorkloadSizing, every branch: what ends the turn, what the mode and a pause
+hold back, what a write that fails says, and right-sizing's moves and rollbacks. Each row is
+the state in and the decision out (Ready's reason, the Events, the writes), run through the
+in-memory ports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from gpusizer.actuate.target_view import (
+    ScaleConflict,
+    TargetNotScalable,
+    TargetProblem,
+    TargetView,
+)
+from gpusizer.api.annotations import (
+    PAUSE_ANNOTATION,
+    RESHAPE_ANNOTATION,
+    Placement,
+    ReshapeRecord,
+    ReshapeState,
+)
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.clock import Cycle
+from gpusizer.cluster import ClusterView
+from gpusizer.memory import Memory
+from gpusizer.reconcile import reconcile
+from gpusizer.report.turn import Outcome
+from gpusizer.signals.autoscalers import owners_by_target
+from gpusizer.signals.discovery import NodeInfo
+from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.signals.pods import PodInfo
+from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
+from gpusizer.signals.snapshot import Snapshot
+from gpusizer.timefmt import iso
+from gpusizer.vocabulary import ConditionType, Reason
+
+from tests.fakes import FakeMetrics, FakeTargets, services, workload
+
+NOW = 1_800_000_000.0
+NS = "llm"
+H100 = "NVIDIA-H100-80GB-HBM3"
+NODE = NodeInfo("gpu-a", H100, {"nvidia.com/gpu": 8, "nvidia.com/mig-3g.40gb": 8}, True)
+DOWN = Problem(Reason.PROMETHEUS_UNREACHABLE, "http://prometheus:9090: connection refused")
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "targetRef": {"name": "chat"},
+        "mode": "Auto",
+        "replicas": {"min": 1, "max": 8, "targetGPUUtilization": 70},
+        "rightSizing": {"mode": "Off"},
+    }
+    for key, value in overrides.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return base
+
+
+def pod(name: str, resource: str = "nvidia.com/gpu", **kw: Any) -> PodInfo:
+    fields: dict[str, Any] = dict(
+        namespace=NS,
+        name=name,
+        labels={"app": "chat"},
+        node=NODE.name,
+        ready=True,
+        terminating=False,
+        phase="Running",
+        gpu_resource=resource,
+        gpu_container="vllm",
+        oom_kills=0,
+        created=NOW - 7200,
+        ready_since=NOW - 7000,
+    )
+    fields.update(kw)
+    return PodInfo(**fields)
+
+
+def target(replicas: int = 2, resource: str = "nvidia.com/gpu", **kw: Any) -> TargetView:
+    fields: dict[str, Any] = dict(
+        replicas=replicas,
+        selector="app=chat",
+        resource_version="7",
+        pod_spec={
+            "nodeSelector": {"nvidia.com/gpu.product": H100},
+            "containers": [{"name": "vllm", "resources": {"limits": {resource: "1"}}}],
+        },
+    )
+    fields.update(kw)
+    return TargetView(**fields)
+
+
+def snapshot(util: float | None, pods: list[PodInfo], memory_mib: float = 20000) -> Snapshot:
+    """Every pod at `util` percent with fresh samples; None: Prometheus did not answer."""
+    if util is None:
+        failed = (GPU_UTIL, MIG_UTIL, queue_signal(Server.VLLM), MEMORY)
+        return Snapshot(NOW, errors={signal: DOWN for signal in failed})
+
+    def each(value: float, of: list[PodInfo]) -> PodSamples:
+        return PodSamples({(p.namespace, p.name): Sample(value, 5) for p in of}, read_at=NOW)
+
+    return Snapshot(
+        NOW,
+        signals={
+            GPU_UTIL: each(util, [p for p in pods if not p.is_mig]),
+            MIG_UTIL: each(util, [p for p in pods if p.is_mig]),
+            queue_signal(Server.VLLM): each(0, pods),
+            MEMORY: each(memory_mib, pods),
+        },
+    )
+
+
+@dataclass
+class Turn:
+    """A turn's inputs, with the defaults of a busy Auto workload on two whole H100s."""
+
+    spec: dict[str, Any] = field(default_factory=spec)
+    status: dict[str, Any] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    target: TargetView | None = field(default_factory=target)
+    pods: list[PodInfo] = field(default_factory=lambda: [pod("chat-0"), pod("chat-1")])
+    util: float | None = 95.0
+    autoscalers: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    autoscaler_error: str | None = None
+    fail: dict[str, TargetProblem] = field(default_factory=dict)
+    history: dict[str, PodSamples] = field(default_factory=dict)  # right-sizing's window
+    scalars: dict[str, float] = field(default_factory=dict)  # wake queries' answers
+    watched: bool = False  # the target comes from the watch, not a read
+
+    async def run(self) -> tuple[Outcome, FakeTargets, FakeMetrics, Memory]:
+        stored = {(NS, "chat"): self.target} if self.target is not None else {}
+        targets = FakeTargets(stored, fail=self.fail)
+        metrics = FakeMetrics(answers=dict(self.history), scalars=dict(self.scalars))
+        cluster = ClusterView(
+            {NS: self.pods},
+            {NODE.name: NODE},
+            targets={"Deployment": dict(stored)} if self.watched else None,
+        )
+        cycle = Cycle(
+            snapshot(self.util, self.pods),
+            autoscalers=self.autoscalers,
+            error=self.autoscaler_error,
+        )
+        memory = Memory()
+        outcome = await reconcile(
+            workload(self.spec, self.status, self.annotations),
+            cluster,
+            cycle,
+            services(metrics, targets),
+            memory,
+            NOW,
+        )
+        return outcome, targets, metrics, memory
+
+
+def condition(outcome: Outcome, type_: ConditionType) -> dict[str, Any]:
+    found = [c for c in outcome.status_patch["conditions"] if c["type"] == type_.value]
+    assert len(found) == 1, outcome.status_patch["conditions"]
+    return found[0]
+
+
+def events(outcome: Outcome) -> list[tuple[str, str]]:
+    return [(e.type, e.reason.value) for e in outcome.events]
+
+
+HPA = {(NS, "Deployment", "chat"): "HorizontalPodAutoscaler chat"}
+KEDA = owners_by_target(
+    [],
+    [
+        {
+            "metadata": {"namespace": NS, "name": "chat-so"},
+            "spec": {"scaleTargetRef": {"name": "chat"}},
+        }
+    ],
+)
+PAUSED = {PAUSE_ANNOTATION: "true"}
+WAITING_RECORD = ReshapeRecord(
+    state=ReshapeState.IN_PROGRESS,
+    origin=Placement(
+        slice="gpu-h100",
+        product="h100-80gb",
+        resource="nvidia.com/gpu",
+        product_label=H100,
+        replicas=2,
+    ),
+    to=Placement(
+        slice="mig-3g.40gb",
+        product="h100-80gb",
+        resource="nvidia.com/mig-3g.40gb",
+        product_label=H100,
+        replicas=1,
+    ),
+    units=1,
+    container="vllm",
+    started=iso(NOW - 60),
+    deadline_seconds=600,
+    message="saves 40%",
+)
+RESHAPING = target(annotations={RESHAPE_ANNOTATION: WAITING_RECORD.annotation()})
+
+
+@pytest.mark.parametrize(
+    ("label", "turn", "ready", "expected_events", "writes"),
+    [
+        ("busy: scale up", Turn(), ("True", Reason.ACTING), [("Normal", "Scaled")], [3]),
+        (
+            "invalid spec",
+            Turn(spec=spec(replicas={"min": 5, "max": 2})),
+            ("False", Reason.INVALID_SPEC),
+            [("Warning", "InvalidSpec")],
+            [],
+        ),
+        (
+            "malformed wake query",
+            Turn(
+                spec=spec(
+                    replicas={"min": 0},
+                    scaleToZero={"enabled": True, "wakeQuery": "sum(rate(x[5m]"},
+                )
+            ),
+            ("False", Reason.INVALID_SPEC),
+            [("Warning", "InvalidSpec")],
+            [],
+        ),
+        ("mode Off", Turn(spec=spec(mode="Off")), ("True", Reason.MODE_OFF), [], []),
+        (
+            "mode Recommend",
+            Turn(spec=spec(mode="Recommend")),
+            ("True", Reason.RECOMMEND_ONLY),
+            [],
+            [],
+        ),
+        (
+            "paused on the WorkloadSizing",
+            Turn(annotations=PAUSED),
+            ("True", Reason.PAUSED),
+            [("Normal", "Paused")],
+            [],
+        ),
+        (
+            "paused on the target",
+            Turn(target=target(annotations=PAUSED)),
+            ("True", Reason.PAUSED),
+            [("Normal", "Paused")],
+            [],
+        ),
+        (
+            "still paused: no second Paused event",
+            Turn(
+                annotations=PAUSED,
+                status={
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "reason": "Paused", "message": "m"}
+                    ]
+                },
+            ),
+            ("True", Reason.PAUSED),
+            [],
+            [],
+        ),
+        (
+            "the HPA and ScaledObject list failed",
+            Turn(autoscaler_error="listing HPAs and ScaledObjects failed: 503"),
+            ("False", Reason.AUTOSCALER_CHECK_FAILED),
+            [],
+            [],
+        ),
+        (
+            "an HPA owns the target",
+            Turn(autoscalers=HPA),
+            ("False", Reason.CONFLICTING_AUTOSCALER),
+            [("Warning", "ConflictingAutoscaler")],
+            [],
+        ),
+        (
+            "a KEDA ScaledObject owns the target",
+            Turn(autoscalers=KEDA),
+            ("False", Reason.CONFLICTING_AUTOSCALER),
+            [("Warning", "ConflictingAutoscaler")],
+            [],
+        ),
+        (
+            "target gone",
+            Turn(target=None),
+            ("False", Reason.TARGET_NOT_FOUND),
+            [("Warning", "TargetNotFound")],
+            [],
+        ),
+        (
+            "target not scalable",
+            Turn(fail={"read": TargetNotScalable("spec.targetRef: Pod v1 has no /scale")}),
+            ("False", Reason.TARGET_NOT_SCALABLE),
+            [("Warning", "TargetNotFound")],
+            [],
+        ),
+        (
+            "a reshape in flight holds replicas",
+            Turn(spec=spec(rightSizing={"mode": "Auto"}), target=RESHAPING),
+            ("True", Reason.RESHAPING),
+            [],
+            [],
+        ),
+        (
+            "the scale write conflicts",
+            Turn(fail={"write": ScaleConflict("Deployment llm/chat changed to 3 replicas")}),
+            ("True", Reason.ACTING),
+            [],
+            [],
+        ),
+        (
+            "the scale write fails",
+            Turn(fail={"write": TargetProblem("scaling Deployment llm/chat: Forbidden")}),
+            ("False", Reason.SCALE_FAILED),
+            [("Warning", "ScaleFailed")],
+            [],
+        ),
+        (
+            "metrics unknown: nothing scales down",
+            Turn(util=None),
+            ("True", Reason.ACTING),
+            [("Warning", "MetricsUnavailable")],
+            [],
+        ),
+        (
+            "metrics known again",
+            Turn(
+                util=70.0,
+                status={
+                    "conditions": [
+                        {"type": "MetricsAvailable", "status": "False", "reason": "NoSamples"}
+                    ]
+                },
+            ),
+            ("True", Reason.ACTING),
+            [("Normal", "MetricsRecovered")],
+            [],
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+async def test_a_turn(
+    label: str,
+    turn: Turn,
+    ready: tuple[str, Reason],
+    expected_events: list[tuple[str, str]],
+    writes: list[int],
+) -> None:
+    outcome, targets, _, _ = await turn.run()
+    got = condition(outcome, ConditionType.READY)
+    assert (got["status"], got["reason"]) == (ready[0], ready[1].value), got["message"]
+    assert events(outcome) == expected_events
+    assert [replicas for _, _, replicas in targets.writes] == writes
+    assert targets.reshapes == [], "no row moves the workload to another slice"
+
+
+async def test_a_written_scale_is_in_the_status_and_the_history() -> None:
+    outcome, _, _, _ = await Turn().run()
+    patch = outcome.status_patch
+    assert (patch["currentReplicas"], patch["desiredReplicas"]) == (3, 3)
+    assert patch["lastScaleTime"] == iso(NOW)
+    assert patch["scaleEvents"] == [{"time": iso(NOW), "fromReplicas": 2, "toReplicas": 3}]
+    assert outcome.pods == ((NS, "chat-0"), (NS, "chat-1"))
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [Turn(spec=spec(mode="Recommend")), Turn(annotations=PAUSED), Turn(util=None)],
+    ids=["recommend", "paused", "unknown"],
+)
+async def test_nothing_held_back_records_a_scale(turn: Turn) -> None:
+    outcome, _, _, _ = await turn.run()
+    assert outcome.status_patch["currentReplicas"] == 2
+    assert outcome.status_patch.get("scaleEvents", []) == []
+    assert "lastScaleTime" not in outcome.status_patch
+
+
+async def test_a_recommendation_says_what_it_would_set() -> None:
+    outcome, _, _, _ = await Turn(spec=spec(mode="Recommend")).run()
+    assert condition(outcome, ConditionType.READY)["message"].startswith("would set 3:")
+    assert outcome.status_patch["desiredReplicas"] == 3
+
+
+async def test_unknown_metrics_say_why_and_hold_replicas() -> None:
+    outcome, _, _, _ = await Turn(util=None, pods=[pod("chat-0"), pod("chat-1")]).run()
+    metrics = condition(outcome, ConditionType.METRICS_AVAILABLE)
+    assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnreachable")
+    assert "connection refused" in metrics["message"]
+    assert "Holding replicas" in metrics["message"]
+
+
+async def test_a_conflict_on_a_watched_target_reads_the_api_server_next_turn() -> None:
+    turn = Turn(watched=True, fail={"write": ScaleConflict("changed to 3 replicas")})
+    _, _, _, memory = await turn.run()
+    assert memory.watch_behind == {(NS, "chat"): "7"}
+    _, _, _, memory = await Turn(watched=True).run()
+    assert memory.watch_behind == {}
+
+
+async def test_scaling_to_zero_and_waking_are_events_of_their_own() -> None:
+    zero = spec(
+        replicas={"min": 0},
+        scaleToZero={"enabled": True, "idleSeconds": 600, "wakeQuery": "sum(pending)"},
+        metrics={"server": "none"},
+    )
+    pending = 'sum(pending{namespace="llm"})'  # the wake query as it is sent
+    idle = {
+        "lastActiveTime": iso(NOW - 3600),
+        "conditions": [{"type": "ScaledToZero", "status": "False", "reason": "Idle"}],
+    }
+    one = [pod("chat-0")]
+    quiet = Turn(zero, idle, target=target(1), pods=one, util=0.0, scalars={pending: 0})
+    outcome, targets, _, _ = await quiet.run()
+    assert [r for _, _, r in targets.writes] == [0]
+    assert events(outcome) == [("Normal", "ScaledToZero")]
+
+    asked = Turn(zero, target=target(0), pods=[], util=0.0, scalars={pending: 5})
+    outcome, targets, _, _ = await asked.run()
+    assert [r for _, _, r in targets.writes] == [1]
+    assert events(outcome) == [("Normal", "Woke")]
+
+
+async def test_pods_killed_for_memory_are_reported_even_without_right_sizing() -> None:
+    pods = [pod("chat-0", oom_kills=2), pod("chat-1")]
+    outcome, _, _, _ = await Turn(pods=pods, util=70.0).run()
+    sized = condition(outcome, ConditionType.RIGHT_SIZED)
+    assert (sized["status"], sized["reason"]) == ("False", "OutOfMemory")
+    assert "chat-0 (2x on nvidia.com/gpu)" in sized["message"]
+    assert events(outcome) == [("Warning", "OutOfMemory")]
+
+
+# --- right-sizing: gated by the mode and the pause, and rolled back exactly ----------------
+
+# two whole H100s at 10 % over the window, 20 GiB at peak: a 3g.40gb slice serves it cheaper
+QUIET_HISTORY = {
+    "peak_memory": PodSamples({(NS, "chat-0"): Sample(20000, 0), (NS, "chat-1"): Sample(20000, 0)}),
+    "utilization": PodSamples({(NS, "chat-0"): Sample(10, 0), (NS, "chat-1"): Sample(10, 0)}),
+}
+
+
+def oversized(**kw: Any) -> Turn:
+    """A steady workload (no replica change) that right-sizing would move to mig-3g.40gb."""
+    fields: dict[str, Any] = dict(
+        spec=spec(rightSizing={"mode": "Auto"}), util=70.0, history=QUIET_HISTORY
+    )
+    fields.update(kw)
+    return Turn(**fields)
+
+
+async def test_auto_moves_an_oversized_workload_in_one_template_change() -> None:
+    outcome, targets, _, _ = await oversized().run()
+    [(_, _, change)] = targets.reshapes
+    assert (change.old_resource, change.new_resource) == (
+        "nvidia.com/gpu",
+        "nvidia.com/mig-3g.40gb",
+    )
+    assert (change.container, change.product_label) == ("vllm", H100)
+    record = ReshapeRecord.parse(change.annotations[RESHAPE_ANNOTATION])
+    assert record.state == ReshapeState.IN_PROGRESS and record.origin.replicas == 2
+    assert events(outcome) == [("Normal", "ReshapeStarted")]
+    assert condition(outcome, ConditionType.READY)["reason"] == "Reshaping"
+    assert condition(outcome, ConditionType.RIGHT_SIZED)["reason"] == "Reshaping"
+    assert targets.writes == [], "replicas wait for the rollout"
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        oversized(spec=spec(mode="Recommend", rightSizing={"mode": "Auto"})),
+        oversized(annotations=PAUSED),
+        oversized(target=target(annotations=PAUSED)),
+        oversized(spec=spec(rightSizing={"mode": "Recommend"})),
+    ],
+    ids=["mode Recommend", "paused WorkloadSizing", "paused target", "rightSizing Recommend"],
+)
+async def test_right_sizing_only_recommends_unless_auto_and_unpaused(turn: Turn) -> None:
+    outcome, targets, _, _ = await turn.run()
+    assert targets.reshapes == [] and targets.annotations == []
+    sized = condition(outcome, ConditionType.RIGHT_SIZED)
+    assert (sized["status"], sized["reason"]) == ("False", "CheaperSlice")
+    assert outcome.status_patch["recommendation"]["slice"] == "mig-3g.40gb"
+
+
+def in_flight(started: float, origin_product: str = H100) -> TargetView:
+    record = WAITING_RECORD.model_copy(
+        update={
+            "started": iso(started),
+            "origin": WAITING_RECORD.origin.model_copy(update={"product_label": origin_product}),
+        }
+    )
+    return target(replicas=1, annotations={RESHAPE_ANNOTATION: record.annotation()})
+
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+NEW = "nvidia.com/mig-3g.40gb"
+
+
+@pytest.mark.parametrize(
+    ("label", "pods", "started"),
+    [
+        (
+            "out of memory on the new slice",
+            [pod("chat-n", NEW, ready=False, oom_kills=1)],
+            NOW - 60,
+        ),
+        ("not ready by the deadline", [pod("chat-n", NEW, ready=False)], NOW - 700),
+    ],
+)
+async def test_a_failed_move_restores_the_slice_the_node_selector_and_the_replicas(
+    label: str, pods: list[PodInfo], started: float
+) -> None:
+    turn = Turn(spec=spec(rightSizing={"mode": "Auto"}), target=in_flight(started, A100), pods=pods)
+    outcome, targets, _, _ = await turn.run()
+    [(_, _, change)] = targets.reshapes
+    assert (change.old_resource, change.new_resource) == (NEW, "nvidia.com/gpu")
+    assert (change.product_label, change.replicas, change.count) == (A100, 2, 1)
+    assert change.container == "vllm"
+    record = ReshapeRecord.parse(change.annotations[RESHAPE_ANNOTATION])
+    assert record.state == ReshapeState.ROLLED_BACK
+    assert events(outcome) == [("Warning", "ReshapeRolledBack")]
+    sized = condition(outcome, ConditionType.RIGHT_SIZED)
+    assert (sized["status"], sized["reason"]) == ("False", "ReshapeRolledBack")
+    assert targets.writes == []
+
+
+async def test_a_move_still_rolling_out_waits_and_one_done_is_recorded() -> None:
+    waiting = Turn(
+        spec=spec(rightSizing={"mode": "Auto"}),
+        target=in_flight(NOW - 60),
+        pods=[pod("chat-n", NEW, ready=False)],
+    )
+    outcome, targets, _, _ = await waiting.run()
+    assert targets.reshapes == [] and targets.annotations == [] and events(outcome) == []
+
+    done = Turn(
+        spec=spec(rightSizing={"mode": "Auto"}),
+        target=in_flight(NOW - 60),
+        pods=[pod("chat-n", NEW)],
+        util=70.0,
+    )
+    outcome, targets, _, _ = await done.run()
+    [(_, _, annotations)] = targets.annotations
+    assert ReshapeRecord.parse(annotations[RESHAPE_ANNOTATION]).state == ReshapeState.DONE
+    assert events(outcome) == [("Normal", "Reshaped")]
+    sized = condition(outcome, ConditionType.RIGHT_SIZED)
+    assert (sized["status"], sized["reason"]) == ("True", "RightSized")

@@ -1,0 +1,133 @@
+"""A WorkloadSizing's life in the operator: when it takes a turn, and what it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from typing import Any
+
+import kopf
+from gpusizer.clock import Cycle, CycleClock
+from gpusizer.cluster import ClusterView
+from gpusizer.memory import Memory
+from gpusizer.reconcile import Services
+from gpusizer.report.turn import Outcome
+from gpusizer.signals.snapshot import Snapshot
+from gpusizer.workload import Workload
+
+from tests.fakes import FakeMetrics, FakeTargets, services
+
+
+def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None:
+    body = kopf.Body({})
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", body, logger)
+    moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-1")}))
+    assert workload.urgent(moved)  # not decided yet
+    workload.pods = (("ns", "chat-0"),)
+    assert not workload.urgent(moved)
+    workload.pods = (("ns", "chat-0"), ("ns", "chat-1"))
+    assert workload.urgent(moved)
+
+
+def test_a_workload_changed_when_a_pod_it_read_moved_or_its_spec_changed() -> None:
+    raw: dict[str, Any] = {"metadata": {"generation": 3}}
+    body = kopf.Body(raw)
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", body, logger, pods=(("ns", "chat-0"),), generation=3)
+    still = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "other-0")}))
+    moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-0")}))
+    assert not workload.changed(still)
+    assert workload.changed(moved)
+    raw["metadata"]["generation"] = 4  # kopf keeps the body current from the watch
+    assert workload.changed(still)
+
+
+class FirstWriteWaits:
+    """A status writer whose first write waits until released, as one does behind thousands
+    of others queued for the worker threads."""
+
+    def __init__(self) -> None:
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+        self.patches: list[dict[str, Any]] = []
+
+    async def write(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        if len(self.patches) == 1:
+            self.writing.set()
+            await self.release.wait()
+        return patch
+
+
+class CountedWorkload(Workload):
+    """Says when it has decided twice."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.decisions = 0
+        self.decided_twice = asyncio.Event()
+
+    async def decide(
+        self, cycle: Cycle, view: ClusterView, services: Services, memory: Memory
+    ) -> Outcome | None:
+        outcome = await super().decide(cycle, view, services, memory)
+        self.decisions += 1
+        if self.decisions == 2:
+            self.decided_twice.set()
+        return outcome
+
+
+async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits() -> None:
+    # a cycle's snapshot is megabytes at 5,000 workloads; decisions waiting for their status
+    # writes, or for the next cycle, each kept the one they had decided on
+    async def no_fetch() -> Cycle:
+        raise AssertionError("cycles are published by the test")
+
+    clock = CycleClock(no_fetch, period_seconds=3600)
+    body = kopf.Body(
+        {
+            "metadata": {"generation": 1},
+            "spec": {
+                "targetRef": {"name": "chat"},
+                "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
+                "mode": "Off",
+            },
+        }
+    )
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = CountedWorkload("ns", "chat", body, logger)
+    writer = FirstWriteWaits()
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    following = asyncio.create_task(
+        workload.follow(
+            clock,
+            stop,
+            ClusterView({}, {}),
+            services(FakeMetrics(), FakeTargets()),  # mode Off reads and writes nothing
+            Memory(),
+            writer,
+        )
+    )
+    await asyncio.wait_for(writer.writing.wait(), timeout=10)
+    assert clock._latest is not None
+    first = weakref.ref(clock._latest)
+    clock.publish(Cycle(Snapshot(time=2.0), autoscalers={}))
+    gc.collect()
+    assert first() is None, "kept while its status was written"
+
+    writer.release.set()
+    # the second decision, on cycle 2; it waits for cycle 3 by the time this resumes
+    await asyncio.wait_for(workload.decided_twice.wait(), timeout=10)
+    assert clock._latest is not None
+    second = weakref.ref(clock._latest)
+    clock.publish(Cycle(Snapshot(time=3.0), autoscalers={}))
+    gc.collect()
+    assert second() is None, "kept while waiting for the next cycle"
+
+    stop.set_result(None)
+    await asyncio.wait_for(following, timeout=10)
+    ready = next(c for c in writer.patches[0]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ModeOff"  # it did decide, and wrote what it decided
