@@ -25,6 +25,7 @@ class Reason(StrEnum):
     STAYING_AT_ZERO = "StayingAtZero"
     HOLDING_ON_UNKNOWN_METRICS = "HoldingOnUnknownMetrics"
     WAITING_FOR_STARTING_REPLICAS = "WaitingForStartingReplicas"
+    PRE_WARM = "PreWarm"
     # limits
     NOT_LIMITED = "NotLimited"
     AT_MAX = "AtMaxReplicas"

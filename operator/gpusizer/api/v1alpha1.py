@@ -105,9 +105,10 @@ class ReplicasSpec(_Model):
             "x-kubernetes-validations": [
                 cel("self.min <= self.max", "replicas.min must be <= replicas.max", ".min"),
                 cel(
-                    "has(self.targetGPUUtilization) || has(self.targetQueuePerReplica)",
-                    "set at least one scaling signal: replicas.targetGPUUtilization "
-                    "or replicas.targetQueuePerReplica",
+                    "has(self.targetGPUUtilization) || has(self.targetQueuePerReplica) "
+                    "|| has(self.targetKVCacheUsage)",
+                    "set at least one scaling signal: replicas.targetGPUUtilization, "
+                    "replicas.targetQueuePerReplica or replicas.targetKVCacheUsage",
                 ),
             ]
         }
@@ -139,6 +140,17 @@ class ReplicasSpec(_Model):
         gt=0,
         description="Waiting requests per replica to hold (the server's queue-depth gauge).",
     )
+    target_kv_cache_usage: float | None = Field(
+        None,
+        alias="targetKVCacheUsage",
+        gt=0,
+        le=100,
+        description=(
+            "Percent of the KV cache in use to hold per replica (vllm:kv_cache_usage_perc x "
+            "100). GPU utilisation saturates with one request in flight; the KV cache fills "
+            "with the batch, so it shows load before a queue forms."
+        ),
+    )
     tolerance: float = Field(
         0.1,
         ge=0,
@@ -164,10 +176,14 @@ class ReplicasSpec(_Model):
     def _bounds_and_signal(self) -> ReplicasSpec:
         if self.minimum > self.maximum:
             raise ValueError("replicas.min must be <= replicas.max")
-        if self.target_gpu_utilization is None and self.target_queue_per_replica is None:
+        if (
+            self.target_gpu_utilization is None
+            and self.target_queue_per_replica is None
+            and self.target_kv_cache_usage is None
+        ):
             raise ValueError(
-                "set at least one scaling signal: replicas.targetGPUUtilization "
-                "or replicas.targetQueuePerReplica"
+                "set at least one scaling signal: replicas.targetGPUUtilization, "
+                "replicas.targetQueuePerReplica or replicas.targetKVCacheUsage"
             )
         return self
 
@@ -191,7 +207,31 @@ class ScaleToZeroSpec(_Model):
         600,
         alias="idleSeconds",
         ge=0,
-        description="Idle this long (no queue, utilisation under idleUtilization) before zero.",
+        description=(
+            "Idle this long (no queue, utilisation under idleUtilization) before zero. With "
+            "maxColdStartPercent, used only until enough idle gaps have been seen to learn one."
+        ),
+    )
+    max_cold_start_percent: float | None = Field(
+        None,
+        alias="maxColdStartPercent",
+        gt=0,
+        le=100,
+        description=(
+            "Budget for the share of requests that may meet a cold start (arrive while no "
+            "replica is ready). When set, how long to stay warm is learned from the workload's "
+            "idle gaps, the requests that followed them and its measured start-up, as the "
+            "cheapest idle time that keeps to the budget (shown in status.learned)."
+        ),
+    )
+    pre_warm: bool = Field(
+        True,
+        alias="preWarm",
+        description=(
+            "Start one replica a start-up ahead of a return from idle that recurred at this "
+            "time of day on most of the last seven days, or at this time of week in each of "
+            "the last two weeks; and do not scale to zero just before one."
+        ),
     )
     idle_utilization: float = Field(
         5,
@@ -381,6 +421,54 @@ class ScaleEvent(_Model):
     to_replicas: int = Field(alias="toReplicas", ge=0, description="Replicas after.")
 
 
+class LearnedStatus(_Model):
+    """What the policy learned from the workload; persisted so a restart keeps it."""
+
+    startup_seconds: float | None = Field(
+        None,
+        alias="startupSeconds",
+        description="Measured time from a pod's creation to Ready (the latest seen).",
+    )
+    idle_seconds: float | None = Field(
+        None,
+        alias="idleSeconds",
+        description="Idle time before zero learned for scaleToZero.maxColdStartPercent.",
+    )
+    cold_start_percent: float | None = Field(
+        None,
+        alias="coldStartPercent",
+        description="Share of requests that met a cold start at the learned idle time, as "
+        "estimated from the gaps seen.",
+    )
+    requests: float = Field(0, ge=0, description="Requests counted (decayed, half-life 7 d).")
+    gaps: list[list[float]] = Field(
+        default_factory=list,
+        description="Idle gaps seen, per length bin: [lower edge s, count, seconds, requests "
+        "in the start-up after them], decayed like requests.",
+    )
+    idle_since: str | None = Field(
+        None, alias="idleSince", description="When the running idle gap began."
+    )
+    head_until: str | None = Field(
+        None,
+        alias="headUntil",
+        description="Until when requests count against the gap that just ended.",
+    )
+    head_bin: int | None = Field(
+        None, alias="headBin", description="The length bin of the gap that just ended."
+    )
+    onsets: list[str] = Field(
+        default_factory=list,
+        description="Returns from idle after a gap longer than a start-up, last 15 days.",
+    )
+    counted_at: str | None = Field(
+        None, alias="countedAt", description="When requests were last counted."
+    )
+    decayed_at: str | None = Field(
+        None, alias="decayedAt", description="When the gap counts were last decayed."
+    )
+
+
 class WorkloadSizingStatus(_Model):
     observed_generation: int | None = Field(
         None, alias="observedGeneration", description="Spec generation last acted on."
@@ -414,6 +502,9 @@ class WorkloadSizingStatus(_Model):
             "Replica changes of the last hour, kept for the per-period step limits and the "
             "recurring-shortfall hold."
         ),
+    )
+    learned: LearnedStatus | None = Field(
+        None, description="Start-up, idle gaps and returns from idle learned from the workload."
     )
 
 

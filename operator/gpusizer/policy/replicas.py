@@ -11,6 +11,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from gpusizer.api.v1alpha1 import ReplicasSpec, WorkloadSizingSpec
+from gpusizer.policy.warmth import (
+    LearnedIdle,
+    Warmth,
+    expected_onset,
+    learned_idle_seconds,
+    observe,
+)
 from gpusizer.vocabulary import Reason
 
 # How far back scale events are kept and read for recurring shortfalls (see _recurring_hold).
@@ -27,6 +34,8 @@ class ReplicaCounts:
     # ready pods that became ready after the metrics were sampled: the metrics do not show
     # their capacity yet, so they are counted like starting ones
     unobserved: int = 0
+    # measured time from a pod's creation to Ready, the newest seen; None when none measured
+    startup_seconds: float | None = None
 
     @property
     def arriving(self) -> int:
@@ -41,6 +50,10 @@ class Signals:
     gpu_utilization: float | None = None  # mean percent over ready pods
     queue_total: float | None = None  # waiting requests summed over pods
     wake_demand: float | None = None  # value of the wake query
+    kv_cache_usage: float | None = None  # mean share (0-1) of the KV cache in use, ready pods
+    # requests arriving per second (the gateway's, else the servers' completions); None when
+    # not read: the idle rule then rests on utilisation and queue alone
+    request_rate: float | None = None
     unknown_reasons: tuple[str, ...] = ()  # why a signal is unknown, for the user
 
 
@@ -69,6 +82,7 @@ class History:
     # (or for a new object): the decision then holds what the target has for one down window,
     # because the operator did not see the time it was away.
     decided_at: float | None = None
+    warmth: Warmth = field(default_factory=Warmth)  # idle gaps, onsets, start-up
 
     def with_scale_event(self, now: float, from_replicas: int, to_replicas: int) -> History:
         """Record a change that was actually made (Recommend mode records none)."""
@@ -85,6 +99,7 @@ class ReplicaDecision:
     metrics_known: bool = True
     idle: bool = False
     history: History = field(default_factory=History)
+    learned_idle: LearnedIdle | None = None  # with scaleToZero.maxColdStartPercent
 
 
 _DecisionFactory = Callable[[int, Reason, str, Reason], "ReplicaDecision"]
@@ -109,13 +124,26 @@ def decide_replicas(
     if last_active is None or not idle:
         last_active = now
     previous_decision = history.decided_at
+    warmth = observe(
+        history.warmth,
+        now,
+        quiet=_quiet(spec, counts, signals, demand_outside) if metrics_known else None,
+        request_rate=signals.request_rate,
+        startup_seconds=counts.startup_seconds,
+    )
     history = replace(
         history,
         last_active_time=last_active,
         recommendations=_prune_recommendations(history.recommendations, rules, now),
         scale_events=_prune_events(history.scale_events, rules, now),
         decided_at=now,
+        warmth=warmth,
     )
+    learned = None
+    if zero_allowed and stz.max_cold_start_percent is not None:
+        learned = learned_idle_seconds(warmth, stz.max_cold_start_percent)
+    idle_seconds = stz.idle_seconds if learned is None else learned.seconds
+    onset = expected_onset(warmth, now) if zero_allowed and stz.pre_warm else None
     unknown_note = f"; unknown: {', '.join(signals.unknown_reasons or missing)}" if missing else ""
 
     def decision(desired: int, reason: Reason, message: str, limited: Reason) -> ReplicaDecision:
@@ -127,15 +155,38 @@ def decide_replicas(
             metrics_known=metrics_known,
             idle=idle,
             history=history,
+            learned_idle=learned,
         )
 
     if counts.current == 0:
+        if zero_allowed and onset is not None and not demand_outside and metrics_known:
+            # a recurring return from idle is due within a start-up: be ready for it; the
+            # replica then counts as active from now, so it stays the idle time after Ready
+            history = replace(history, last_active_time=now)
+            message = (
+                f"demand came back at this time before (expected in {onset - now:.0f}s, "
+                f"start-up {warmth.startup:.0f}s): pre-warming 1"
+            )
+            return decision(1, Reason.PRE_WARM, message, Reason.NOT_LIMITED)
         return _decide_at_zero(spec, signals, history, now, zero_allowed, demand_outside, decision)
 
     idle_for = now - last_active
-    if zero_allowed and idle and idle_for >= stz.idle_seconds:
-        message = f"idle for {idle_for:.0f}s (>= {stz.idle_seconds}s): scaling to zero"
-        return decision(0, Reason.SCALE_TO_ZERO, message, Reason.NOT_LIMITED)
+    if zero_allowed and idle and idle_for >= idle_seconds:
+        source = (
+            f"learned for a {stz.max_cold_start_percent:g}% cold-start budget"
+            if learned is not None
+            else "idleSeconds"
+        )
+        if onset is None:
+            message = (
+                f"idle for {idle_for:.0f}s (>= {idle_seconds:.0f}s, {source}): scaling to zero"
+            )
+            return decision(0, Reason.SCALE_TO_ZERO, message, Reason.NOT_LIMITED)
+        message = (
+            f"idle for {idle_for:.0f}s, but demand came back at this time before "
+            f"(expected in {onset - now:.0f}s): staying warm"
+        )
+        return decision(counts.current, Reason.PRE_WARM, message, Reason.NOT_LIMITED)
 
     proposal, notes, waiting = _proposal(spec, counts, signals)
     raw = proposal
@@ -203,6 +254,8 @@ def _missing_signals(
     if counts.ready > 0:
         if rules.target_gpu_utilization is not None and signals.gpu_utilization is None:
             missing.append("gpuUtilization")
+        if rules.target_kv_cache_usage is not None and signals.kv_cache_usage is None:
+            missing.append("kvCacheUsage")
         if rules.target_queue_per_replica is not None and signals.queue_total is None:
             missing.append("queue")
     if zero_allowed and signals.wake_demand is None:
@@ -214,12 +267,24 @@ def _is_idle(
     spec: WorkloadSizingSpec, counts: ReplicaCounts, signals: Signals, demand_outside: bool
 ) -> bool:
     """Idle needs positive evidence: low utilisation seen, no queue, nothing starting."""
-    if demand_outside or counts.arriving > 0:
+    if counts.arriving > 0:
+        return False
+    return _quiet(spec, counts, signals, demand_outside) is True
+
+
+def _quiet(
+    spec: WorkloadSizingSpec, counts: ReplicaCounts, signals: Signals, demand_outside: bool
+) -> bool | None:
+    """No demand seen: no wake demand, no request arriving (when the rate is read), no queue,
+    utilisation under idleUtilization. None when it cannot be told (no replica reports)."""
+    if demand_outside:
+        return False
+    if signals.request_rate is not None and signals.request_rate > 0:
         return False
     if counts.current == 0:
         return True
     if signals.gpu_utilization is None or counts.ready == 0:
-        return False
+        return None
     if signals.gpu_utilization >= spec.scale_to_zero.idle_utilization:
         return False
     return not (signals.queue_total is not None and signals.queue_total > 0)
@@ -289,6 +354,15 @@ def _proposal(
             wanted = math.ceil(observed * ratio)
         proposals.append(wanted)
         notes.append(f"utilisation {util:.1f}% vs target {target:g}% on {observed} ready")
+    kv = signals.kv_cache_usage
+    if rules.target_kv_cache_usage is not None and kv is not None and observed > 0:
+        target = rules.target_kv_cache_usage
+        ratio = 100.0 * kv / target
+        wanted = (
+            counts.current if abs(ratio - 1) <= rules.tolerance else math.ceil(observed * ratio)
+        )
+        proposals.append(wanted)
+        notes.append(f"KV cache {100.0 * kv:.1f}% vs target {target:g}% on {observed} ready")
     queue = signals.queue_total
     target_queue = rules.target_queue_per_replica
     if target_queue is not None and queue is not None:
