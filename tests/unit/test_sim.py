@@ -9,12 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gpusizer.sim import command
-from gpusizer.sim.controllers import (
-    GpusizerController,
-    HpaController,
-    KedaController,
-    StaticController,
-)
+from gpusizer.sim.controllers import GpusizerController, StaticController
 from gpusizer.sim.fleet import FleetParams, FleetView, simulate, tick_arrivals
 from gpusizer.sim.optimal import _sliding_max, optimal_schedule
 from gpusizer.sim.replay import load_spec, replay
@@ -183,42 +178,6 @@ def test_gpusizer_controller_runs_the_policy_and_persists_scale_events() -> None
     assert len(controller.history.scale_events) == 1  # no change made, none recorded
 
 
-@pytest.mark.parametrize(
-    ("fields", "desired"),
-    [
-        ({"gpu_utilization": 140.0}, 8),
-        ({"gpu_utilization": 75.0}, 4),  # within the 10 % tolerance
-        ({"gpu_utilization": 35.0}, 2),
-        ({"current": 1, "ready": 1, "gpu_utilization": 700.0}, 5),  # max(+4, +100 %)
-        ({"current": 8, "ready": 8, "gpu_utilization": 700.0}, 16),
-        # 2 Pending pods count as 0 %: 2 x 100 / (70 x 4) < 1 flips the direction
-        ({"current": 4, "ready": 2, "starting": 2, "gpu_utilization": 100.0}, 4),
-        ({"current": 4, "ready": 2, "starting": 2, "gpu_utilization": 210.0}, 6),
-        ({"gpu_utilization": None}, 4),  # no metrics: no change
-    ],
-)
-def test_hpa_defaults(fields: dict[str, float | int | None], desired: int) -> None:
-    hpa = HpaController(70.0, 1, 100)
-    assert hpa.decide(view(**fields)) == desired
-
-
-def test_hpa_scale_down_waits_out_its_300_s_window() -> None:
-    hpa = HpaController(70.0, 1, 100)
-    assert hpa.decide(view(now=0.0, gpu_utilization=70.0)) == 4
-    low = [hpa.decide(view(now=t, gpu_utilization=35.0)) for t in (15.0, 285.0, 300.0)]
-    assert low == [4, 4, 2]
-
-
-def test_keda_wakes_on_refused_requests_and_sleeps_after_the_cooldown() -> None:
-    keda = KedaController(threshold=4.0, maximum=100)
-    assert keda.decide(view(now=0.0, current=0, ready=0, queue_total=None)) == 0
-    assert keda.decide(view(now=30.0, current=0, ready=0, queue_total=None, refused=3.0)) == 1
-    assert keda.decide(view(now=45.0, current=2, ready=2, queue_total=20.0)) == 5
-    assert keda.decide(view(now=60.0, current=2, ready=2, queue_total=0.0)) == 2  # held: window
-    assert keda.decide(view(now=320.0, current=2, ready=2, queue_total=0.0)) == 2
-    assert keda.decide(view(now=390.0, current=2, ready=2, queue_total=0.0)) == 0
-
-
 # --- the optimum --------------------------------------------------------------------------------
 
 
@@ -278,7 +237,9 @@ def test_json_output_has_the_documented_shape(
     output = json.loads(capsys.readouterr().out)
     assert set(output) == {"trace", "parameters", "policies"}
     assert output["trace"] == "load"
-    assert set(output["policies"]) == {"gpusizer", "hpa", "keda", "static", "optimal"}
+    assert set(output["policies"]) == {
+        "gpusizer", "hpa", "keda", "keda-queue", "static", "optimal"
+    }  # fmt: skip
     for scores in output["policies"].values():
         assert set(scores) == {
             "gpu_hours",

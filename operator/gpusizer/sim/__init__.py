@@ -4,4 +4,4 @@ The policy names live here, apart from the numpy simulator: every `gpusizer run`
 whole command line, `simulate`'s options included.
 """
 
-POLICIES = ("gpusizer", "hpa", "keda", "static", "optimal")
+POLICIES = ("gpusizer", "hpa", "keda", "keda-queue", "static", "optimal")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -49,6 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated subset of {','.join(POLICIES)}",
     )
     parser.add_argument("--spec", type=Path, help="WorkloadSizing YAML (object or spec)")
+    for flag, what in (
+        ("--hpa", "HPA"),
+        ("--keda", "KEDA (vLLM configuration)"),
+        ("--keda-queue", "KEDA (queue only, min 0)"),
+    ):
+        parser.add_argument(
+            flag,
+            default="",
+            metavar="NAME=VALUE,...",
+            help=f"{what} settings, e.g. scale-down-window-seconds=120 (docs/simulate.md)",
+        )
     parser.add_argument("--price-per-gpu-hour", type=float, default=3.00, help="H100-80GB: 3.00")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--plot", type=Path, help="write a PNG of load and replicas over time")
@@ -58,9 +70,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: `gpusizer run` builds this parser too, and numpy and matplotlib
     # were 26 MiB of every operator's memory
+    from gpusizer.sim.controllers import configured
     from gpusizer.sim.fleet import FleetParams
     from gpusizer.sim.output import as_json, plot, table
-    from gpusizer.sim.replay import capacity_for_peak, default_tick, load_spec, replay
+    from gpusizer.sim.replay import (
+        Baselines,
+        capacity_for_peak,
+        default_baselines,
+        default_tick,
+        load_spec,
+        replay,
+    )
     from gpusizer.sim.trace import load_trace
 
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -77,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace)
         spec = load_spec(args.spec)
+        defaults = default_baselines(spec)
+        baselines = Baselines(
+            hpa=configured(defaults.hpa, args.hpa),
+            keda=configured(defaults.keda, args.keda),
+            keda_queue=configured(defaults.keda_queue, args.keda_queue),
+        )
     except (OSError, ValueError, ValidationError) as error:
         print(f"simulate: {error}", file=sys.stderr)
         return 2
@@ -93,7 +119,13 @@ def run(args: argparse.Namespace) -> int:
     )
     quiet = args.quiet or not sys.stderr.isatty()
     results = replay(
-        trace, params, spec, policies, price_per_gpu_hour=args.price_per_gpu_hour, quiet=quiet
+        trace,
+        params,
+        spec,
+        policies,
+        baselines=baselines,
+        price_per_gpu_hour=args.price_per_gpu_hour,
+        quiet=quiet,
     )
     parameters = {
         "capacity_rps": round(capacity, 6),
@@ -106,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         "tick_seconds": params.tick_seconds,
         "price_per_gpu_hour": args.price_per_gpu_hour,
         "spec": str(args.spec) if args.spec else "default",
+        "baselines": {
+            "hpa": asdict(baselines.hpa),
+            "keda": asdict(baselines.keda),
+            "keda-queue": asdict(baselines.keda_queue),
+        },
     }
     if args.format == "json":
         print(json.dumps(as_json(trace, parameters, results), indent=2))

@@ -43,6 +43,7 @@ class FleetParams:
     drop_after_seconds: float = 60.0
     metric_delay_seconds: float = 15.0  # scrape interval plus exporter and query lag
     metric_window_seconds: float = 15.0  # gauges averaged over one scrape interval
+    rate_window_seconds: float = 60.0  # counters read as rate(...[1m])
     tick_seconds: float = 1.0
 
 
@@ -59,6 +60,16 @@ class FleetView:
     queue_total: float | None  # waiting at the servers; None when no server reports
     wake_demand: float  # held at the gateway while no replica is ready
     refused: float  # refused for want of a ready replica during the metric window
+    # mean share (0-1) of the KV cache in use on the ready replicas: the running batch's share
+    # of a full one, which in this fluid model is the busy share (see docs/simulate.md)
+    kv_cache_usage: float | None = None
+    request_rate: float = 0.0  # arrivals per second over the rate window, as the metrics show
+    startup_seconds: float | None = None  # measured time to Ready; None before any start-up
+
+    @property
+    def observed(self) -> int:
+        """Ready replicas the metrics sample covers."""
+        return self.ready - self.unobserved
 
 
 class Controller(Protocol):
@@ -106,7 +117,9 @@ def simulate(
     delay = round(params.metric_delay_seconds / dt)
     window = max(1, round(params.metric_window_seconds / dt))
     drop_lag = params.drop_after_seconds / dt
+    rate_window = max(1, round(params.rate_window_seconds / dt))
     holds = controller.holds_requests
+    measured_startup: float | None = None
 
     ready = initial_replicas
     starting: deque[float] = deque()
@@ -116,6 +129,7 @@ def simulate(
     served_cum = [0.0] * (n + 1)
     capacity_cum = [0.0] * (n + 1)
     refused_cum = [0.0] * (n + 1)
+    arrived_cum = [0.0] * (n + 1)
     queue_end = [0.0] * n
     ready_hist = [0] * n
     replica_hist = [0] * n
@@ -129,6 +143,7 @@ def simulate(
         while starting and starting[0] <= now + _EPS:
             starting.popleft()
             ready += 1
+            measured_startup = params.startup_seconds
         if now >= next_decision - _EPS:
             next_decision += controller.period_seconds
             seen = max(0, k - delay)
@@ -136,20 +151,22 @@ def simulate(
             capacity = capacity_cum[seen] - capacity_cum[low]
             last_ready = ready_hist[seen - 1] if seen > 0 else ready
             last_queue = queue_end[seen - 1] if seen > 0 else 0.0
+            busy = (served_cum[seen] - served_cum[low]) / capacity if capacity > 0 else None
+            rate_low = max(0, seen - rate_window)
             view = FleetView(
                 now=now,
                 current=ready + len(starting),
                 ready=ready,
                 starting=len(starting),
                 unobserved=max(0, ready - last_ready),
-                gpu_utilization=(
-                    100.0 * (served_cum[seen] - served_cum[low]) / capacity
-                    if capacity > 0
-                    else None
-                ),
+                gpu_utilization=None if busy is None else 100.0 * busy,
                 queue_total=last_queue if last_ready > 0 else None,
                 wake_demand=last_queue if last_ready == 0 and holds else 0.0,
                 refused=refused_cum[seen] - refused_cum[low],
+                kv_cache_usage=busy,
+                request_rate=(arrived_cum[seen] - arrived_cum[rate_low])
+                / (max(1, seen - rate_low) * dt),
+                startup_seconds=measured_startup,
             )
             desired = max(0, controller.decide(view))
             current = ready + len(starting)
@@ -163,6 +180,7 @@ def simulate(
                 excess -= 1
             ready -= max(0, excess)
         refused = 0.0
+        arrived_cum[k + 1] = arrived_cum[k] + arriving
         if ready == 0 and not holds:
             refused, arriving = arriving, 0.0
         backlog = queue + arriving
