@@ -429,22 +429,32 @@ class LearnedStatus(_Model):
         alias="startupSeconds",
         description="Measured time from a pod's creation to Ready (the latest seen).",
     )
-    idle_seconds: float | None = Field(
+    idle_seconds: list[float] | None = Field(
         None,
         alias="idleSeconds",
-        description="Idle time before zero learned for scaleToZero.maxColdStartPercent.",
+        description="Idle time before zero learned for scaleToZero.maxColdStartPercent, per "
+        "4-hour block (UTC) of a weekday (the first six) and of a weekend day (the last six).",
     )
     cold_start_percent: float | None = Field(
         None,
         alias="coldStartPercent",
-        description="Share of requests that met a cold start at the learned idle time, as "
+        description="Share of requests meeting a cold start at the learned idle times, as "
         "estimated from the gaps seen.",
     )
     requests: float = Field(0, ge=0, description="Requests counted (decayed, half-life 7 d).")
+    cold_requests: float = Field(
+        0,
+        alias="coldRequests",
+        ge=0,
+        description="Of those, the ones that met a cold start (decayed alike).",
+    )
+    head_cold: bool = Field(
+        False, alias="headCold", description="The gap that just ended found no replica ready."
+    )
     gaps: list[list[float]] = Field(
         default_factory=list,
-        description="Idle gaps seen, per length bin: [lower edge s, count, seconds, requests "
-        "in the start-up after them], decayed like requests.",
+        description="Idle gaps seen: [block, lower edge of the length bin (s), count, seconds, "
+        "requests in the start-up after them], decayed like requests.",
     )
     idle_since: str | None = Field(
         None, alias="idleSince", description="When the running idle gap began."
@@ -452,20 +462,23 @@ class LearnedStatus(_Model):
     head_until: str | None = Field(
         None,
         alias="headUntil",
-        description="Until when requests count against the gap that just ended.",
+        description="Until when arriving requests count against the gap that just ended.",
     )
-    head_bin: int | None = Field(
-        None, alias="headBin", description="The length bin of the gap that just ended."
+    head_cell: int | None = Field(
+        None, alias="headCell", description="The block and bin of the gap that just ended."
     )
     onsets: list[str] = Field(
         default_factory=list,
         description="Returns from idle after a gap longer than a start-up, last 15 days.",
     )
-    counted_at: str | None = Field(
-        None, alias="countedAt", description="When requests were last counted."
-    )
     decayed_at: str | None = Field(
         None, alias="decayedAt", description="When the gap counts were last decayed."
+    )
+    learned_at: str | None = Field(
+        None, alias="learnedAt", description="When the idle times were last derived."
+    )
+    learned_budget: float | None = Field(
+        None, alias="learnedBudget", description="The budget they were derived for."
     )
 
 

@@ -11,13 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from gpusizer.api.v1alpha1 import ReplicasSpec, WorkloadSizingSpec
-from gpusizer.policy.warmth import (
-    LearnedIdle,
-    Warmth,
-    expected_onset,
-    learned_idle_seconds,
-    observe,
-)
+from gpusizer.policy.warmth import Warmth, expected_onset, observe
 from gpusizer.vocabulary import Reason
 
 # How far back scale events are kept and read for recurring shortfalls (see _recurring_hold).
@@ -99,7 +93,6 @@ class ReplicaDecision:
     metrics_known: bool = True
     idle: bool = False
     history: History = field(default_factory=History)
-    learned_idle: LearnedIdle | None = None  # with scaleToZero.maxColdStartPercent
 
 
 _DecisionFactory = Callable[[int, Reason, str, Reason], "ReplicaDecision"]
@@ -127,22 +120,22 @@ def decide_replicas(
     warmth = observe(
         history.warmth,
         now,
+        since=previous_decision,
         quiet=_quiet(spec, counts, signals, demand_outside) if metrics_known else None,
         request_rate=signals.request_rate,
         startup_seconds=counts.startup_seconds,
+        serving=counts.ready > 0,
+        budget_percent=stz.max_cold_start_percent if zero_allowed else None,
     )
-    history = replace(
-        history,
-        last_active_time=last_active,
+    history = History(
         recommendations=_prune_recommendations(history.recommendations, rules, now),
         scale_events=_prune_events(history.scale_events, rules, now),
+        last_active_time=last_active,
         decided_at=now,
         warmth=warmth,
     )
-    learned = None
-    if zero_allowed and stz.max_cold_start_percent is not None:
-        learned = learned_idle_seconds(warmth, stz.max_cold_start_percent)
-    idle_seconds = stz.idle_seconds if learned is None else learned.seconds
+    learned = warmth.idle_seconds_at(last_active)
+    idle_seconds = stz.idle_seconds if learned is None else learned
     onset = expected_onset(warmth, now) if zero_allowed and stz.pre_warm else None
     unknown_note = f"; unknown: {', '.join(signals.unknown_reasons or missing)}" if missing else ""
 
@@ -155,7 +148,6 @@ def decide_replicas(
             metrics_known=metrics_known,
             idle=idle,
             history=history,
-            learned_idle=learned,
         )
 
     if counts.current == 0:

@@ -92,6 +92,7 @@ class Run:
     within_slo: float
     dropped: float
     scale_events: int
+    cold: float = 0.0  # arrived while no replica was ready: met a cold start (or a refusal)
 
 
 def tick_arrivals(trace: Trace, tick_seconds: float) -> FloatArray:
@@ -134,6 +135,7 @@ def simulate(
     ready_hist = [0] * n
     replica_hist = [0] * n
     gpu_ticks = 0
+    cold = 0.0
     dropped = 0.0
     events = 0
     next_decision = 0.0
@@ -181,8 +183,10 @@ def simulate(
             ready -= max(0, excess)
         refused = 0.0
         arrived_cum[k + 1] = arrived_cum[k] + arriving
-        if ready == 0 and not holds:
-            refused, arriving = arriving, 0.0
+        if ready == 0:
+            cold += arriving
+            if not holds:
+                refused, arriving = arriving, 0.0
         backlog = queue + arriving
         served = min(backlog, ready * per_replica)
         queue = backlog - served
@@ -217,6 +221,7 @@ def simulate(
         within_slo=within,
         dropped=dropped + refused_cum[n],
         scale_events=events,
+        cold=cold,
     )
 
 
