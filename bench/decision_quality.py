@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +100,13 @@ def sweeps(sparse: bool) -> dict[str, list[tuple[str, str]]]:
     if sparse:
         # at most a replica or two of load: the targets and windows never come into play, and
         # HPA and KEDA (minReplicaCount 1) hold one replica whatever their settings
-        for idle in (60, 300, 1800, 3600):
+        for idle in (60, 300, 1800, 3600, 7200, 14400, 43200):
             gpusizer.append((f"idle {idle}s", f"scaleToZero.idleSeconds={idle}"))
         for budget in (1, 2, 5, 10, 20):
             gpusizer.append((f"budget {budget}%", f"scaleToZero.maxColdStartPercent={budget}"))
-        gpusizer.append(("no pre-warm", "scaleToZero.preWarm=false"))
+        gpusizer.append(("pre-warm", "scaleToZero.preWarm=true"))
+        gpusizer.append(("budget 5%, pre-warm",
+                         "scaleToZero.maxColdStartPercent=5;scaleToZero.preWarm=true"))  # fmt: skip
         return {
             "gpusizer": gpusizer,
             "hpa": [("default", "")],
@@ -160,6 +163,7 @@ class Point:
     label: str
     gpu_hours: float
     attainment: float
+    cold: float = 0.0  # share of requests that arrived with no replica ready
 
 
 @dataclass
@@ -211,7 +215,8 @@ def run_point(case: Case, policy: str, label: str, settings: str) -> Point:
         )
     result = replay(case.trace, case.params, spec, [policy], baselines=baselines,
                     optimal_seconds=1.0)[policy]  # fmt: skip
-    return Point(policy, label, result.gpu_hours, result.slo_attainment)
+    cold = result.run.cold / result.run.arrived if result.run.arrived else 0.0
+    return Point(policy, label, result.gpu_hours, result.slo_attainment, cold)
 
 
 def run_optimal(case: Case) -> float:
@@ -292,6 +297,10 @@ def report(result: TraceResult) -> tuple[str, dict[str, Any]]:
         )
     else:
         lines.append("  no HPA or KEDA setting reaches gpusizer's default attainment")
+    if case.sparse:
+        text, budgets = budget_report(result)
+        lines.append(text)
+        summary["budgets"] = budgets
     summary.update(
         default=[round(default.gpu_hours, 3), round(default.attainment, 5)],
         baseline_hours_at_default=at_default,
@@ -300,6 +309,33 @@ def report(result: TraceResult) -> tuple[str, dict[str, Any]]:
         saving_percent=saving,
     )
     return "\n".join(lines), summary
+
+
+def budget_report(result: TraceResult) -> tuple[str, list[list[float | None]]]:
+    """Each cold-start budget against the fixed idle times: the share of requests that met a
+    cold start, and the GPU-hours over those of the fixed idleSeconds reaching the same share
+    (interpolated between the two fixed settings around it)."""
+    fixed = sorted(
+        ((p.cold, p.gpu_hours) for p in result.points if p.policy == "gpusizer"
+         and (p.label.startswith("idle ") or p.label == "default")),
+        reverse=True,
+    )  # fmt: skip
+    lines, rows = (
+        ["  cold-start budget: budget -> share met a cold start, GPU-hours vs fixed idle"],
+        [],
+    )
+    for p in result.points:
+        if p.policy != "gpusizer" or not p.label.startswith("budget") or "pre-warm" in p.label:
+            continue
+        budget = float(p.label.split()[1].rstrip("%"))
+        ratio = None
+        for (c1, h1), (c2, h2) in pairwise(fixed):
+            if c2 <= p.cold <= c1 and c1 > c2:
+                ratio = p.gpu_hours / (h1 + (c1 - p.cold) / (c1 - c2) * (h2 - h1))
+        shown = "beyond the fixed settings" if ratio is None else f"{ratio:.2f}x"
+        lines.append(f"    {budget:g}% -> {100 * p.cold:.2f}% at {p.gpu_hours:.2f} h: {shown}")
+        rows.append([budget, round(100 * p.cold, 3), round(p.gpu_hours, 3), ratio])
+    return "\n".join(lines), rows
 
 
 def main() -> int:

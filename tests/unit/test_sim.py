@@ -276,7 +276,12 @@ def test_policy_subset_and_spec_file(
 
 @pytest.mark.parametrize(
     "argv",
-    [("--policy", "gpusizer,knative"), ("--slo-wait-seconds", "90")],
+    [
+        ("--policy", "gpusizer,knative"),
+        ("--slo-wait-seconds", "90"),
+        ("--hpa", "window=300"),
+        ("--keda-queue", "keepalive=maybe"),
+    ],
 )
 def test_bad_arguments_are_refused(
     trace_file: Path, argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
@@ -290,3 +295,15 @@ def test_table_output(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> N
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:3] == ["policy", "GPU-hours", "cost"]
     assert [line.split()[0] for line in lines[3:]] == ["hpa", "optimal"]
+
+
+def test_baseline_settings_reach_the_replay(
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--trace", str(trace_file), "--policy", "hpa", "--format", "json", "--quiet"]
+    assert run_command(*argv) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert run_command(*argv, "--hpa", "target-utilization=30,scale-down-window-seconds=0") == 0
+    tuned = json.loads(capsys.readouterr().out)
+    assert tuned["parameters"]["baselines"]["hpa"]["target_utilization"] == 30.0
+    assert tuned["policies"]["hpa"]["gpu_hours"] != default["policies"]["hpa"]["gpu_hours"]

@@ -118,7 +118,10 @@ def observe(
     nothing changed, which is most decisions."""
     changes: dict[str, Any] = {}
     if startup_seconds and startup_seconds > 0 and startup_seconds != warmth.startup_seconds:
-        changes["startup_seconds"] = startup_seconds
+        warmth = replace(warmth, startup_seconds=startup_seconds)
+    if quiet is False and warmth.idle_since is not None:
+        # the gap ended within (since, now]: what arrived then is the head of what follows
+        warmth = _gap_ended(warmth, now, cold=not serving)
     if request_rate and since is not None and now > since:
         arrived = request_rate * (now - since)
         changes["requests"] = warmth.requests + arrived
@@ -134,8 +137,6 @@ def observe(
         changes["idle_since"] = now
     if changes:
         warmth = replace(warmth, **changes)
-    if quiet is False and warmth.idle_since is not None:
-        warmth = _gap_ended(warmth, now, cold=not serving)
     if budget_percent is None:
         if warmth.learned_budget is not None:
             warmth = replace(warmth, idle_seconds=None, cold_start_percent=None,
