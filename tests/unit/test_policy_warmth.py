@@ -45,7 +45,7 @@ def gap(start: float, length: float, *, cold: bool, requests_after: int = 1) -> 
     return [
         (start, True, 0.0, True),
         (back - 15.0, True, 0.0, True),
-        *((back + i * 15.0, False, rate, not cold and i == 0 or i > 0) for i in range(4)),
+        *((back + i * 15.0, False, rate, (not cold and i == 0) or i > 0) for i in range(4)),
     ]
 
 
