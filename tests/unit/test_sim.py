@@ -46,6 +46,8 @@ def view(**fields: float | int | None) -> FleetView:
         "queue_total": 0.0,
         "wake_demand": 0.0,
         "refused": 0.0,
+        "kv_cache_usage": 0.7,
+        "request_rate": 1.0,
     }
     base.update(fields)
     return FleetView(**base)  # type: ignore[arg-type]

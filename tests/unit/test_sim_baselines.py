@@ -15,27 +15,10 @@ from gpusizer.sim.controllers import (
     configured,
     pods_metric_replicas,
 )
-from gpusizer.sim.fleet import FleetView
+
+from tests.unit.test_sim import view
 
 UTIL_ONLY = HpaConfig(target_utilization=70.0, target_queue=None)
-
-
-def view(**fields: float | int | None) -> FleetView:
-    base: dict[str, float | int | None] = {
-        "now": 0.0,
-        "current": 4,
-        "ready": 4,
-        "starting": 0,
-        "unobserved": 0,
-        "gpu_utilization": 70.0,
-        "queue_total": 0.0,
-        "wake_demand": 0.0,
-        "refused": 0.0,
-        "kv_cache_usage": 0.7,
-        "request_rate": 1.0,
-    }
-    base.update(fields)
-    return FleetView(**base)  # type: ignore[arg-type]
 
 
 # --- replica_calculator.go calcPlainMetricReplicas ----------------------------------------------
