@@ -87,7 +87,7 @@ demo: venv prometheus cluster-binary ## The main job: the operator on the local 
 	$(PY) -m e2e.demo
 
 .PHONY: bench-decision-quality
-bench-decision-quality: venv ## Replay every shared trace through gpusizer, HPA, KEDA, static, optimal
+bench-decision-quality: venv ## Frontiers of gpusizer, HPA and KEDA over knob sweeps, shared and generated traces
 	$(PY) bench/decision_quality.py
 
 # variables, not $(or ...): a function splits its arguments at the commas of the list
