@@ -309,3 +309,18 @@ def test_baseline_settings_reach_the_replay(
     tuned = json.loads(capsys.readouterr().out)
     assert tuned["parameters"]["baselines"]["hpa"]["target_utilization"] == 30.0
     assert tuned["policies"]["hpa"]["gpu_hours"] != default["policies"]["hpa"]["gpu_hours"]
+
+
+def test_kernel_active_utilisation_saturates_with_a_request_in_flight() -> None:
+    """DCGM's GPU_UTIL is the share of time a kernel runs: at 10 % of capacity, 1.6 sequences
+    in flight on average keep a kernel running about 80 % of the time; the KV cache does not."""
+    trace = constant(0.1, 120)
+    seen = {}
+    for kernel in (False, True):
+        params = FleetParams(capacity_rps=1.0, kernel_active_utilization=kernel)
+        recorder = Recorder(1, period=15.0)
+        simulate(tick_arrivals(trace, 1.0), params, recorder, 1)
+        seen[kernel] = recorder.views[-1]
+    assert seen[False].gpu_utilization == pytest.approx(10.0)
+    assert seen[True].gpu_utilization == pytest.approx(100 * (1 - np.exp(-1.6)))
+    assert seen[True].kv_cache_usage == pytest.approx(0.1)

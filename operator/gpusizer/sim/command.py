@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=15.0,
         help="age of the metrics the controllers see",
     )
+    parser.add_argument(
+        "--gpu-utilization",
+        choices=("busy", "kernel-active"),
+        default="busy",
+        help="utilisation as the busy share, or as DCGM's GPU_UTIL on an LLM server "
+        "(the share of time a kernel runs: saturates with one request in flight)",
+    )
     parser.add_argument("--bin-seconds", type=float, help="re-bin the trace (e.g. 3 for mooncake)")
     parser.add_argument("--tick-seconds", type=float, help="simulation step (default: bin, <= 5)")
     parser.add_argument(
@@ -116,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         drop_after_seconds=args.drop_after_seconds,
         metric_delay_seconds=args.metric_delay_seconds,
         tick_seconds=args.tick_seconds or default_tick(trace),
+        kernel_active_utilization=args.gpu_utilization == "kernel-active",
     )
     quiet = args.quiet or not sys.stderr.isatty()
     results = replay(
@@ -136,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         "metric_delay_seconds": params.metric_delay_seconds,
         "bin_seconds": trace.bin_seconds,
         "tick_seconds": params.tick_seconds,
+        "gpu_utilization": args.gpu_utilization,
         "price_per_gpu_hour": args.price_per_gpu_hour,
         "spec": str(args.spec) if args.spec else "default",
         "baselines": {

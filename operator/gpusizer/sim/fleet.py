@@ -33,6 +33,9 @@ IntArray = npt.NDArray[np.int64]
 _EPS = 1e-9
 _SUBSAMPLES = 4  # points per tick at which waits are measured
 _PROGRESS_CHUNK = 5000
+# Sequences in flight on a fully busy replica: the mean in flight is this x the busy share, and
+# with Poisson arrivals a kernel runs whenever at least one is, 1 - exp(-in flight) of the time.
+FULL_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class FleetParams:
     metric_window_seconds: float = 15.0  # gauges averaged over one scrape interval
     rate_window_seconds: float = 60.0  # counters read as rate(...[1m])
     tick_seconds: float = 1.0
+    # GPU utilisation as the busy share (served / capacity), or as DCGM_FI_DEV_GPU_UTIL reads on
+    # an LLM server: the share of time a kernel runs, which one request in flight fills
+    kernel_active_utilization: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ def simulate(
                 ready=ready,
                 starting=len(starting),
                 unobserved=max(0, ready - last_ready),
-                gpu_utilization=None if busy is None else 100.0 * busy,
+                gpu_utilization=None if busy is None else 100.0 * _utilization(busy, params),
                 queue_total=last_queue if last_ready > 0 else None,
                 wake_demand=last_queue if last_ready == 0 and holds else 0.0,
                 refused=refused_cum[seen] - refused_cum[low],
@@ -223,6 +229,12 @@ def simulate(
         scale_events=events,
         cold=cold,
     )
+
+
+def _utilization(busy: float, params: FleetParams) -> float:
+    if params.kernel_active_utilization:
+        return 1.0 - math.exp(-FULL_BATCH * busy)
+    return busy
 
 
 def _within_slo(admitted: FloatArray, removed: FloatArray, dt: float, slo: float) -> float:
