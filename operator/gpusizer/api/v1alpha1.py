@@ -435,7 +435,7 @@ class LearnedStatus(_Model):
         None,
         alias="idleSeconds",
         description="Idle time before zero learned for scaleToZero.maxColdStartPercent, per "
-        "4-hour block (UTC) of a weekday (the first six) and of a weekend day (the last six).",
+        "8-hour block (UTC) of a weekday (the first three) and of a weekend day (the last three).",
     )
     cold_start_percent: float | None = Field(
         None,

@@ -7,16 +7,17 @@ back is persisted with the rest of the history, so a restart keeps what was lear
 Two things are learned:
 
 - **Idle gaps** (a quiet spell, from the last demand to the next), in length bins, per block of
-  the week when they began (six 4-hour blocks of weekdays, six of weekends), with the requests
+  the week when they began (three 8-hour blocks of weekdays, three of weekends), with the requests
   that arrived within one start-up of each gap's end: those meet a cold start if the workload
   went to zero during the gap. For idle times T_b per block, the share of requests meeting a
   cold start is the requests after gaps longer than their block's T_b over all requests, and
   the GPU time is each gap's min(gap, T_b) plus a start-up for each longer gap. The idle times
   with the least GPU time within the user's budget are found with one price per cold request
-  for every block (a Lagrange multiplier, bisected), so the budget goes where a cold start is
-  cheapest to avoid: a block whose quiet spells usually end soon stays warm longer than one
+  for every block (a Lagrange multiplier, bisected), so warmth is bought where it avoids cold
+  starts most cheaply: a block whose quiet spells usually end soon stays warm longer than one
   whose quiet spells last the night. A block with few gaps of its own borrows the shape of all
-  of them. Counts decay with a half-life of a week, so the workload's recent habits weigh most.
+  of them. The budget they aim at is corrected by what the recent past actually spent. Counts
+  decay with a half-life of a week, so the workload's recent habits weigh most.
 - **Onsets**: the times demand came back after a gap longer than a start-up. An onset seen at
   this time of day on most of the last seven days, or at this time of week in each of the last
   two weeks, is expected again: `expected_onset` says so a start-up ahead.
@@ -62,7 +63,7 @@ HEAD_MARGIN_SECONDS = 90.0
 
 
 def block(t: float) -> int:
-    """The block of the week (UTC) a time falls in: 4-hour blocks of weekdays, then weekends."""
+    """The block of the week (UTC) a time falls in: 8-hour blocks of weekdays, then weekends."""
     day = math.floor(t / DAY)
     weekend = (day + 3) % 7 >= 5  # the epoch was a Thursday
     return (BLOCKS // 2) * weekend + int((t - day * DAY) // (BLOCK_HOURS * 3600))
