@@ -136,7 +136,7 @@ async def reconcile(
         "desired_replicas": decision.desired,
         "observation": _observation(signals, now),
         "last_scale_time": acted.last_scale_time,
-        **history_fields(acted.history),
+        **history_fields(acted.history, learned=spec.scale_to_zero.enabled),
     }
     if sizing.recommendation is not None:
         status["recommendation"] = sizing.recommendation
@@ -264,6 +264,7 @@ def decide(
         ready=sum(1 for p in pods if p.ready and not p.terminating),
         starting=sum(1 for p in pods if p.starting),
         unobserved=signals.unobserved,
+        startup_seconds=measured_startup(pods),
     )
     key = (obj.namespace, obj.name)
     history = replace(history_from_status(obj.status), decided_at=memory.decided.get(key))
@@ -278,6 +279,17 @@ def decide(
         known=decision.metrics_known,
     )
     return decision
+
+
+def measured_startup(pods: list[PodInfo]) -> float | None:
+    """Seconds from creation to Ready of the workload's newest ready pod: how long a new
+    replica takes, measured on this workload rather than assumed."""
+    measured = [
+        (p.created, p.ready_since - p.created)
+        for p in pods
+        if p.ready and p.created is not None and p.ready_since is not None
+    ]
+    return max(0.0, max(measured)[1]) if measured else None
 
 
 def pause_source(annotations: Mapping[str, str], target: TargetView) -> str | None:

@@ -210,3 +210,31 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
     # a read after the previous one that saw the move reports it no more
     again = await read_moved(source, base, time.time() - after - 0.5)
     assert again.signals[GPU_UTIL].samples[("llm", "up")].value == 50
+
+
+async def test_kv_cache_and_served_request_rate_from_vllm_series(
+    prometheus: str, exporter: Exporter
+) -> None:
+    def vllm(counter: int, at: float) -> str:
+        labels = 'namespace="llm",pod="a",model_name="m",engine="0"'
+        return stamped(f"vllm:kv_cache_usage_perc{{{labels}}} 0.6", at) + stamped(
+            f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counter}', at
+        )
+
+    now = time.time()
+    body = whole("a", "50") + queue("a", "0")
+    exporter.set(body + vllm(100, now - 40))
+    exporter.set(body + vllm(160, now - 10))  # 60 requests in 30 s: 2 per second
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    snapshot = await read_full(source, [Server.VLLM])
+    kv_spec = WorkloadSizingSpec.model_validate(
+        {
+            "targetRef": {"name": "chat"},
+            "replicas": {"min": 1, "max": 8, "targetGPUUtilization": 70, "targetKVCacheUsage": 0.8},
+        }
+    )
+    got = workload_signals(kv_spec, pods("a"), snapshot, time.time())
+    assert got.problems == ()
+    assert got.signals.kv_cache_usage == pytest.approx(0.6)
+    # rate() extrapolates the two samples towards the window's edges
+    assert got.signals.request_rate is not None and 1.5 <= got.signals.request_rate <= 3.5

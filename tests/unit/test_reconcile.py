@@ -544,3 +544,18 @@ async def test_a_move_still_rolling_out_waits_and_one_done_is_recorded() -> None
     assert events(outcome) == [("Normal", "Reshaped")]
     sized = condition(outcome, ConditionType.RIGHT_SIZED)
     assert (sized["status"], sized["reason"]) == ("True", "RightSized")
+
+
+async def test_what_is_learned_is_kept_for_a_workload_that_scales_to_zero_only() -> None:
+    zero = spec(
+        replicas={"min": 0},
+        scaleToZero={"enabled": True, "wakeQuery": "sum(pending)"},
+        metrics={"server": "none"},
+    )
+    pending = 'sum(pending{namespace="llm"})'
+    # the newest ready pod took 300 s from creation to Ready (the older one 200 s)
+    pods = [pod("chat-0"), pod("chat-1", created=NOW - 600, ready_since=NOW - 300)]
+    outcome, _, _, _ = await Turn(zero, util=70.0, pods=pods, scalars={pending: 0}).run()
+    assert outcome.status_patch["learned"]["startupSeconds"] == 300
+    outcome, _, _, _ = await Turn(util=70.0, pods=pods).run()
+    assert "learned" not in outcome.status_patch

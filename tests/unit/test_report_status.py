@@ -29,7 +29,7 @@ ACTIVE_CONDITION = {"type": "ScaledToZero", "status": "False", "reason": "Active
 
 def history_json(history: History) -> dict[str, Any]:
     """The history's status fields as the API server keeps them."""
-    return status_json(WorkloadSizingStatus(**history_fields(history)))
+    return status_json(WorkloadSizingStatus(**history_fields(history, learned=True)))
 
 
 def test_history_round_trip() -> None:

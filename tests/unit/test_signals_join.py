@@ -11,7 +11,14 @@ from gpusizer.cluster import ClusterView
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo, matches_selector, pod_info
-from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
+from gpusizer.signals.queries import (
+    GPU_UTIL,
+    KV_CACHE,
+    MEMORY,
+    MIG_UTIL,
+    queue_signal,
+    request_rate_signal,
+)
 from gpusizer.signals.snapshot import Snapshot, moved_pods
 from gpusizer.vocabulary import Reason
 
@@ -282,3 +289,53 @@ def test_every_pod_moved_in_the_first_cycle_and_after_a_failed_signal() -> None:
     failed_before = _snapshot({GPU_UTIL: {"a": 50.0}})
     failed_before.errors[VLLM_QUEUE] = Problem(Reason.QUERY_ERROR, "HTTP 500")
     assert moved_pods(failed_before, after) == {("ns", "b")}
+
+
+# --- the LLM signals: KV-cache usage and the served-request rate ----------------------------
+
+KV_SPEC = WorkloadSizingSpec.model_validate(
+    {
+        "targetRef": {"name": "chat"},
+        "replicas": {"min": 1, "max": 8, "targetGPUUtilization": 70, "targetKVCacheUsage": 0.8},
+    }
+)
+
+
+def llm_snapshot(kv: PodSamples | Problem | None, rate: PodSamples | Problem) -> Snapshot:
+    snap = snapshot(gpu=samples({"a": 50, "b": 50}), queue=samples({"a": 0, "b": 0}))
+    for key, value in ((KV_CACHE, kv), (request_rate_signal(Server.VLLM), rate)):
+        if isinstance(value, Problem):
+            snap.errors[key] = value
+        elif value is not None:
+            snap.signals[key] = value
+    return snap
+
+
+def test_kv_cache_and_request_rate_are_read_for_the_ready_pods() -> None:
+    snap = llm_snapshot(samples({"a": 0.5, "b": 0.9}), samples({"a": 1.5, "b": 2.0, "c": 9}))
+    got = workload_signals(KV_SPEC, [pod("a"), pod("b"), pod("c", ready=False)], snap, NOW)
+    assert got.problems == ()
+    assert got.signals.kv_cache_usage == pytest.approx(0.7)
+    assert got.signals.request_rate == pytest.approx(3.5)  # c is not ready: not counted
+
+
+def test_kv_cache_unknown_when_a_pod_lacks_it_and_only_when_it_is_a_target() -> None:
+    snap = llm_snapshot(samples({"a": 0.5}), samples({"a": 1.0}))
+    got = workload_signals(KV_SPEC, [pod("a"), pod("b")], snap, NOW)
+    assert got.signals.kv_cache_usage is None
+    assert [(p.signal, p.reason) for p in got.problems] == [
+        ("kvCacheUsage", Reason.PARTIAL_SAMPLES)
+    ]
+    # without a KV-cache target nothing depends on it, so its absence is no problem
+    plain = workload_signals(spec(), [pod("a"), pod("b")], llm_snapshot(None, samples({})), NOW)
+    assert plain.problems == () and plain.signals.kv_cache_usage is None
+
+
+def test_request_rate_is_zero_without_ready_pods_and_unknown_when_unread() -> None:
+    at_zero = workload_signals(KV_SPEC, [], llm_snapshot(None, samples({})), NOW)
+    assert at_zero.signals.request_rate == 0
+    failed = Problem(Reason.QUERY_ERROR, "bad")
+    down = workload_signals(KV_SPEC, [pod("a")], llm_snapshot(samples({"a": 0.5}), failed), NOW)
+    assert down.signals.request_rate is None
+    tgi = workload_signals(spec(server="tgi"), [pod("a")], llm_snapshot(None, samples({})), NOW)
+    assert tgi.signals.request_rate is None  # TGI exports no served-request counter

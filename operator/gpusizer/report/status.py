@@ -12,11 +12,14 @@ from typing import Any
 
 from gpusizer.api.v1alpha1 import (
     Condition,
+    LearnedStatus,
     RecommendationSample,
     ScaleEvent,
     WorkloadSizingStatus,
 )
 from gpusizer.policy.replicas import History, ScaleEventRecord
+from gpusizer.policy.warmth import from_status as warmth_from_status
+from gpusizer.policy.warmth import to_status as warmth_to_status
 from gpusizer.timefmt import iso, parse_time
 from gpusizer.vocabulary import ConditionType, Reason
 
@@ -47,6 +50,7 @@ def history_from_status(status: Mapping[str, Any] | None) -> History:
         recommendations=tuple(recommendations),
         scale_events=tuple(events),
         last_active_time=parse_time(status.get("lastActiveTime")) if _idle(status) else None,
+        warmth=warmth_from_status(status.get("learned"), parse_time),
     )
 
 
@@ -62,9 +66,14 @@ def _idle(status: Mapping[str, Any]) -> bool:
     )
 
 
-def history_fields(history: History) -> dict[str, Any]:
-    """The decision history as WorkloadSizingStatus fields, for the next turn (or process)."""
-    return {
+def history_fields(history: History, learned: bool) -> dict[str, Any]:
+    """The decision history as WorkloadSizingStatus fields, for the next turn (or process);
+    with `learned`, what the policy learned of the workload's idle gaps and start-up too (kept
+    only for workloads that scale to zero, where it is used)."""
+    fields: dict[str, Any] = {}
+    if learned:
+        fields["learned"] = LearnedStatus.model_validate(warmth_to_status(history.warmth, iso))
+    return fields | {
         "recommendations": [
             RecommendationSample(time=iso(t), replicas=n) for t, n in history.recommendations
         ],
@@ -136,7 +145,7 @@ def flipped(
     return True
 
 
-_VOLATILE = frozenset({"observation", "lastActiveTime"})
+_VOLATILE = frozenset({"observation", "lastActiveTime", "learned"})
 
 
 STATUS_REFRESHES_PER_SECOND = 10.0
@@ -154,8 +163,9 @@ def status_patch(
 ) -> dict[str, Any]:
     """The fields of `new` that differ from `old`; empty when nothing material changed.
 
-    The observation, lastActiveTime and the wording of a condition that keeps its status and
-    reason move with every reading of the metrics; writing them each cycle would cost one
+    The observation, lastActiveTime, what was learned of the workload and the wording of a
+    condition that keeps its status and reason move with every reading of the metrics
+    (`_VOLATILE`); writing them each cycle would cost one
     PATCH per workload per cycle. They go out with any material change, or once the written
     observation is `refresh_seconds` old. A reading that becomes known or unknown is material:
     the observation would otherwise say "no utilisation" for up to a refresh period after the

@@ -13,7 +13,16 @@ from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.policy.replicas import Signals
 from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, QUEUE_SERIES, queue_signal
+from gpusizer.signals.queries import (
+    GPU_UTIL,
+    KV_CACHE,
+    MEMORY,
+    MIG_UTIL,
+    QUEUE_SERIES,
+    SERVED_COUNTERS,
+    queue_signal,
+    request_rate_signal,
+)
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
 
@@ -167,6 +176,15 @@ def workload_signals(
             queue_total = sum(s.value for s, _ in found)
             ages.extend(age for _, age in found)
 
+    kv_cache: float | None = None
+    if ready and spec.replicas.target_kv_cache_usage is not None:
+        found, problem = _fleet_value("kvCacheUsage", ready, batched(KV_CACHE), max_age, now)
+        if problem:
+            problems.append(problem)
+        else:
+            kv_cache = sum(s.value for s, _ in found) / len(found)
+            ages.extend(age for _, age in found)
+
     memory_peak: float | None = None
     memory = batched(MEMORY)
     if isinstance(memory, PodSamples):
@@ -188,6 +206,8 @@ def workload_signals(
             gpu_utilization=utilization,
             queue_total=queue_total,
             wake_demand=wake_demand,
+            kv_cache_usage=kv_cache,
+            request_rate=_request_rate(spec.metrics.server, ready, batched),
             unknown_reasons=tuple(str(p) for p in problems),
         ),
         queue_per_replica=(queue_total / len(ready)) if queue_total is not None and ready else None,
@@ -195,4 +215,24 @@ def workload_signals(
         sample_age_seconds=max(ages) if ages else None,
         problems=tuple(problems),
         unobserved=len(fresh),
+    )
+
+
+def _request_rate(
+    server: Server,
+    ready: Sequence[PodInfo],
+    batched: Callable[[str], PodSamples | Problem | None],
+) -> float | None:
+    """Requests the workload's ready pods served per second: 0 with none ready, and for a pod
+    whose counter has too few samples in the window yet (it only informs the policy's learning
+    and its idle rule, never a scale-down on its own); None when it cannot be read."""
+    if server not in SERVED_COUNTERS:
+        return None
+    source = batched(request_rate_signal(server))
+    if not isinstance(source, PodSamples):
+        return None
+    return sum(
+        sample.value
+        for pod in ready
+        if (sample := source.samples.get((pod.namespace, pod.name))) is not None
     )

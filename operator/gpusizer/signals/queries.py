@@ -22,6 +22,7 @@ class PodQuery(NamedTuple):
 GPU_UTIL = "gpu_util"
 MIG_UTIL = "mig_util"
 MEMORY = "memory"
+KV_CACHE = "kv_cache"
 
 # signal: (selector, scale, how a pod's GPUs combine)
 BATCHED_SIGNALS: dict[str, tuple[str, float, str]] = {
@@ -29,6 +30,11 @@ BATCHED_SIGNALS: dict[str, tuple[str, float, str]] = {
     MIG_UTIL: ('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 100.0, "mean"),
     MEMORY: ("DCGM_FI_DEV_FB_USED", 1.0, "max"),
 }
+
+# vLLM's share (0-1) of its KV cache in use: an LLM server saturates here before its GPU shows it
+KV_CACHE_SERIES = "vllm:kv_cache_usage_perc"
+# the window of the served-request rate: long enough to hold two scrapes
+REQUEST_RATE_WINDOW = "1m"
 
 QUEUE_SERIES: dict[Server, str] = {
     Server.VLLM: "vllm:num_requests_waiting",
@@ -65,8 +71,14 @@ def queue_signal(server: Server) -> str:
     return f"queue:{server.value}"
 
 
+def request_rate_signal(server: Server) -> str:
+    return f"requests:{server.value}"
+
+
 # the signals replicas are sized on: a move in one of them is worth deciding on at once
-REPLICA_SIGNALS = frozenset({GPU_UTIL, MIG_UTIL, *(queue_signal(s) for s in QUEUE_SERIES)})
+REPLICA_SIGNALS = frozenset(
+    {GPU_UTIL, MIG_UTIL, KV_CACHE, *(queue_signal(s) for s in QUEUE_SERIES)}
+)
 
 
 def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, str]]:
@@ -75,6 +87,11 @@ def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, st
     for server in sorted(set(servers)):
         if server in QUEUE_SERIES:
             wanted[queue_signal(server)] = (QUEUE_SERIES[server], 1.0, "sum")
+        if server in SERVED_COUNTERS:
+            rate = f"rate({SERVED_COUNTERS[server]}[{REQUEST_RATE_WINDOW}])"
+            wanted[request_rate_signal(server)] = (rate, 1.0, "sum")
+        if server == Server.VLLM:
+            wanted[KV_CACHE] = (KV_CACHE_SERIES, 1.0, "mean")
     return wanted
 
 
