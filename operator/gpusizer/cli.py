@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gpusizer import __version__
 from gpusizer.settings import DEFAULT_READ_PERIOD_SECONDS
 
 ENV_PREFIX = "GPUSIZER_"
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpusizer",
         description="Autoscale and right-size GPU inference workloads from measured telemetry.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_run(subparsers)
     _add_simulate(subparsers)
