@@ -38,6 +38,14 @@ prometheus: ## Install Prometheus from Debian's packages if it is missing
 helm: ## Build helm v3.21.4 from its Go module into ~/.cache/gpusizer/bin (once)
 	scripts/install-helm.sh >/dev/null
 
+.PHONY: podman
+podman: ## Install podman, runc and debootstrap from Debian's packages if they are missing
+	scripts/install-podman.sh
+
+.PHONY: image
+image: venv ## Build the operator's image without a daemon: localhost/gpusizer:<version> and :dev
+	scripts/build-image.sh
+
 .PHONY: lint
 lint: venv ## ruff (lint and format check) and mypy strict on the package
 	$(BIN)/ruff check .
@@ -72,8 +80,12 @@ cluster-down: ## Stop every process the local cluster started and remove its sta
 	e2e/scripts/cluster-down.sh
 
 .PHONY: e2e
-e2e: venv prometheus cluster-binary helm ## End-to-end tests on the local GPU cluster (starts its own), fault injection last
+e2e: venv prometheus cluster-binary helm image ## End-to-end tests on the local GPU cluster (starts its own), fault injection last
 	$(BIN)/pytest -q e2e/tests
+
+.PHONY: e2e-image
+e2e-image: venv prometheus cluster-binary helm image ## Only the image's e2e tests (also part of make e2e)
+	$(BIN)/pytest -q e2e/tests/test_image.py
 
 .PHONY: e2e-faults
 e2e-faults: venv prometheus cluster-binary helm ## Only the fault-injection e2e tests (also part of make e2e)
