@@ -1,7 +1,7 @@
 """The container image: the Dockerfile's shape, its pinned dependencies, and its entrypoint.
 
-No container engine runs here, so the entrypoint command itself (`gpusizer`, installed by the
-same pyproject.toml the image installs) is run, and the Dockerfile is parsed.
+The Dockerfile is parsed and the entrypoint command itself (`gpusizer`, installed by the same
+pyproject.toml the image installs) is run; e2e/tests/test_image.py builds and runs the image.
 
 Run as a script, this prints requirements.lock from the venv (`make lock` does, after taking
 the newest releases).
@@ -84,13 +84,28 @@ def gpusizer(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([exe, *args], text=True, capture_output=True, timeout=60, check=False)
 
 
-def test_multi_stage_with_a_pinned_small_base() -> None:
-    froms = [rest for word, rest in instructions() if word == "FROM"]
+def lock_pins() -> list[str]:
+    """requirements.lock's name==version lines."""
+    return [
+        line.strip()
+        for line in LOCK.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+
+def test_multi_stage_from_a_pinned_small_base_argument() -> None:
+    ins = instructions()
+    froms = [rest for word, rest in ins if word == "FROM"]
     assert len(froms) >= 2, "build and runtime stages"
+    # the base is a build argument (make image passes a local one), declared before any FROM
+    base_args = [rest for word, rest in ins[: ins.index(("FROM", froms[0]))] if word == "ARG"]
+    defaults = dict(arg.partition("=")[::2] for arg in base_args)
+    base = defaults.get("BASE", "")
+    assert ":" in base and not base.endswith(":latest"), f"unpinned default base {base!r}"
+    assert "slim" in base or "distroless" in base or "alpine" in base, f"not small: {base}"
+    assert "python:3.11" in base, "the Python the package is typed and tested for"
     for image in froms:
-        name = image.split()[0]
-        assert ":" in name and not name.endswith(":latest"), f"unpinned base {name}"
-        assert "slim" in name or "distroless" in name or "alpine" in name, f"not small: {name}"
+        assert image.split()[0] == "${BASE}", f"FROM {image}: every stage starts from BASE"
 
 
 def test_entrypoint_is_gpusizer_run() -> None:
@@ -120,11 +135,7 @@ def test_installs_exactly_the_lock_then_the_package_without_deps() -> None:
 
 
 def test_lock_pins_every_runtime_dependency_at_the_venvs_version() -> None:
-    pinned = [
-        line.strip()
-        for line in LOCK.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    pinned = lock_pins()
     assert all("==" in p for p in pinned), "every line is name==version"
     assert pinned == runtime_pins(), (
         "requirements.lock and the venv disagree: `make venv` installs the lock's versions; "
