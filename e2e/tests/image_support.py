@@ -156,6 +156,9 @@ def container_run(
     pod = deployment["spec"]["template"]["spec"]
     namespace = deployment["metadata"]["namespace"]
     (container,) = pod["containers"]
+    assert pod.get("enableServiceLinks") is False, (
+        "the kubelet would add every Service's Docker-link variables: teach container_run"
+    )
     options = _security(pod, container)
     options += _volumes(pod, container, configmaps, workdir)
 

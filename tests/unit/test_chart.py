@@ -253,6 +253,9 @@ def test_default_deployment_is_hardened() -> None:
     assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "gpusizer"
+    # the kubelet's GPUSIZER_METRICS_PORT=tcp://... for the Service gpusizer-metrics would
+    # be read as --metrics-port: the operator exited at start on a real node
+    assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -440,6 +443,14 @@ def test_peering_flag_and_objects() -> None:
     assert peering["metadata"]["namespace"] == "llm"
     crds = list(yaml.safe_load_all((CHART / "crds" / "kopf.dev_peerings.yaml").read_text()))
     assert {c["spec"]["names"]["kind"] for c in crds} == {"ClusterKopfPeering", "KopfPeering"}
+
+
+def test_host_network_is_off_unless_asked_for() -> None:
+    pod = find(render(), "Deployment")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    pod = find(render(hostNetwork="true"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet", "cluster DNS stays reachable"
 
 
 def test_prometheus_connection_settings() -> None:
