@@ -45,7 +45,9 @@ hash_inputs() {
       echo "$LDFLAGS"
       go env GOOS GOARCH 2>/dev/null || true
       go version 2>/dev/null || true
-      for f in go.mod go.sum $(find . -name '*.go' -not -path './vendor/*' | LC_ALL=C sort); do
+      # kubelet/ and pause/ are the real node's (build-node.sh), not linked in this binary
+      for f in go.mod go.sum $(find . -name '*.go' -not -path './vendor/*' -not -path './kubelet/*' \
+          -not -path './pause/*' | LC_ALL=C sort); do
         echo "== $f"
         cat "$f"
       done
