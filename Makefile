@@ -75,17 +75,33 @@ cluster-binary: ## Build (or reuse from the cache) the local control-plane binar
 cluster-up: venv prometheus cluster-binary ## Start the local GPU cluster; writes .cluster/env
 	e2e/scripts/cluster-up.sh
 
+.PHONY: node-binary
+node-binary: ## Build (or reuse from the cache) the real node: kubelet, containerd v2, CNI loopback, pause
+	e2e/scripts/build-node.sh
+
+.PHONY: node-up
+node-up: venv cluster-up node-binary ## Join a real kubelet + containerd node to the local cluster; writes .node/env
+	e2e/scripts/node-up.sh
+
+.PHONY: node-down
+node-down: ## Stop the real node (its pods, containerd, the kubelet) and delete its Node
+	e2e/scripts/node-down.sh
+
 .PHONY: cluster-down
 cluster-down: ## Stop every process the local cluster started and remove its state
 	e2e/scripts/cluster-down.sh
 
 .PHONY: e2e
-e2e: venv prometheus cluster-binary helm image ## End-to-end tests on the local GPU cluster (starts its own), fault injection last
+e2e: venv prometheus cluster-binary helm image node-binary ## End-to-end tests on the local GPU cluster (starts its own), fault injection last
 	$(BIN)/pytest -q e2e/tests
 
 .PHONY: e2e-image
 e2e-image: venv prometheus cluster-binary helm image ## Only the image's e2e tests (also part of make e2e)
 	$(BIN)/pytest -q e2e/tests/test_image.py
+
+.PHONY: e2e-node
+e2e-node: venv prometheus cluster-binary helm image node-binary ## Only the real node's e2e test: the chart's operator as a real pod (also part of make e2e)
+	$(BIN)/pytest -q e2e/tests/test_node.py
 
 .PHONY: e2e-faults
 e2e-faults: venv prometheus cluster-binary helm ## Only the fault-injection e2e tests (also part of make e2e)

@@ -12,6 +12,11 @@ if ! [ -d "$STATE" ]; then
   echo "no cluster running"
   exit 0
 fi
+# A real node of this cluster (node-up.sh in its default dir) goes first: its kubelet would
+# outlive the API server.
+if grep -qsxF "CLUSTER_STATE_DIR=$STATE" "${GPUSIZER_NODE_DIR:-$REPO/.node}/env"; then
+  "$REPO/e2e/scripts/node-down.sh" >&2
+fi
 was_running=0
 cluster_running && was_running=1
 stop_all

@@ -14,9 +14,10 @@ if ! [ -d "$NODE" ]; then
   exit 0
 fi
 name="$(node_env_get NODE_NAME)"
+start=$(date +%s)
 node_stop_and_remove
 if [ -n "$name" ] && cluster_running; then
   "$REPO/.venv/bin/kubectl" --kubeconfig "$(env_get KUBECONFIG)" delete node "$name" \
     --ignore-not-found --wait=false >/dev/null
 fi
-echo "node stopped, $NODE removed"
+echo "node stopped in $(( $(date +%s) - start ))s, $NODE removed"

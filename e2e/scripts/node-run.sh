@@ -11,7 +11,7 @@ BIN="$2"
 # shellcheck source=/dev/null
 . "$NODE/node.conf"  # CGROUP_ROOT, SOCKET, PAUSE_REF
 
-log() { echo "node-run: $*" >&2; }
+log() { echo "node-run: $(date +%T.%N | cut -c1-12) $*" >&2; }
 
 # The kubelet sets these kernel settings at start (vm.overcommit_memory=1, kernel.panic=10,
 # kernel.panic_on_oops=1, ...), for the whole machine: here it reads its own values from
@@ -31,13 +31,9 @@ mount -t tmpfs -o mode=0711 tmpfs /run/containerd
 
 ctr() { "$BIN/ctr" --address "$SOCKET" --namespace k8s.io "$@"; }
 
-KUBELET=""
-trap stop TERM INT EXIT  # a failed step below stops what started too
-PATH="$BIN:$PATH" "$BIN/containerd" --config "$NODE/containerd.toml" \
-  > "$NODE/logs/containerd.log" 2>&1 &
-CONTAINERD=$!
 stop() {
   trap - TERM INT EXIT
+  log "stopping"
   [ -n "$KUBELET" ] && kill -TERM "$KUBELET" 2>/dev/null && wait "$KUBELET" 2>/dev/null
   # what the pods still run: every process in the node's cgroups
   for _ in 1 2 3 4 5; do
@@ -46,7 +42,8 @@ stop() {
     kill -KILL $pids 2>/dev/null || true
     sleep 0.2
   done
-  kill -TERM "$CONTAINERD" 2>/dev/null && wait "$CONTAINERD" 2>/dev/null
+  log "kubelet stopped, pods killed"
+  [ -n "$CONTAINERD" ] && kill -TERM "$CONTAINERD" 2>/dev/null && wait "$CONTAINERD" 2>/dev/null
   # the shims, which left containerd's process group: every other process of this namespace
   mine="$(readlink /proc/self/ns/mnt)"
   for proc in /proc/[0-9]*; do
@@ -57,6 +54,13 @@ stop() {
   log "stopped"
   exit 0
 }
+
+CONTAINERD=""
+KUBELET=""
+trap stop TERM INT EXIT  # a failed step below stops what started too
+PATH="$BIN:$PATH" "$BIN/containerd" --config "$NODE/containerd.toml" \
+  > "$NODE/logs/containerd.log" 2>&1 &
+CONTAINERD=$!
 
 deadline=$(( $(date +%s) + 60 ))
 until ctr version >/dev/null 2>&1; do
