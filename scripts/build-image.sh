@@ -71,8 +71,10 @@ if ! podman image exists "$REF"; then
     --label "io.gpusizer.inputs=$HASH" --label "org.opencontainers.image.version=$VERSION" \
     --tag "$REF" "$REPO" >/dev/null
   log "built $REF in $(( $(date +%s) - start ))s"
+  # newest first: all but the KEEP newest go
   podman images --noheading --sort created --filter "reference=$NAME:build-*" \
-    --format '{{.Repository}}:{{.Tag}}' | head -n "-$KEEP" | xargs -r podman rmi >/dev/null 2>&1 || true
+    --format '{{.Repository}}:{{.Tag}}' | tail -n "+$((KEEP + 1))" |
+    xargs -r podman rmi >/dev/null 2>&1 || true
   ls -1dt "$CACHE"/image/wheels-* 2>/dev/null | tail -n +3 | xargs -r rm -rf --
 fi
 podman tag "$REF" "$NAME:$VERSION" "$NAME:dev"

@@ -11,18 +11,12 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SRC="$REPO/e2e/cluster"
-K8S_VERSION="v1.36.4"
 KUBECTL_PYPI_VERSION="${GPUSIZER_KUBECTL_VERSION:-1.36.4}"
 CACHE="${GPUSIZER_CACHE:-$HOME/.cache/gpusizer}"
 
-LDFLAGS="-s -w \
- -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=36 \
- -X k8s.io/component-base/version.gitTreeState=clean \
- -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} \
- -X k8s.io/client-go/pkg/version.gitMajor=1 \
- -X k8s.io/client-go/pkg/version.gitMinor=36"
+# shellcheck source=e2e/scripts/kube-version.sh
+. "$REPO/e2e/scripts/kube-version.sh"
+LDFLAGS="$KUBE_LDFLAGS"
 
 log() { echo "build-cluster: $*" >&2; }
 

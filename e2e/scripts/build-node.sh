@@ -19,19 +19,12 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SRC="$REPO/e2e/cluster"
 CACHE="${GPUSIZER_CACHE:-$HOME/.cache/gpusizer}"
-K8S_VERSION="v1.36.4"
 CONTAINERD_VERSION="v2.3.7"
 CNI_PLUGINS_VERSION="v1.10.0"
 export CONTAINERS_CONF="$REPO/scripts/containers.conf"
 
-KUBELET_LDFLAGS="-s -w \
- -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=36 \
- -X k8s.io/component-base/version.gitTreeState=clean \
- -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} \
- -X k8s.io/client-go/pkg/version.gitMajor=1 \
- -X k8s.io/client-go/pkg/version.gitMinor=36"
+# shellcheck source=e2e/scripts/kube-version.sh
+. "$REPO/e2e/scripts/kube-version.sh"
 CONTAINERD_LDFLAGS="-s -w -X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}"
 CNI_LDFLAGS="-s -w \
  -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=${CNI_PLUGINS_VERSION}"
@@ -40,7 +33,7 @@ log() { echo "build-node: $*" >&2; }
 
 hash_inputs() {
   {
-    cat "${BASH_SOURCE[0]}"
+    cat "${BASH_SOURCE[0]}" "$REPO/e2e/scripts/kube-version.sh"
     go version
     go env GOOS GOARCH
     cd "$SRC"
@@ -75,7 +68,7 @@ jobs=()
 export GOTOOLCHAIN=local CGO_ENABLED=0
 start=$(date +%s)
 log "building the kubelet and pause from e2e/cluster"
-(cd "$SRC" && go build "${jobs[@]}" -trimpath -ldflags "$KUBELET_LDFLAGS" -o "$OUT/kubelet" ./kubelet)
+(cd "$SRC" && go build "${jobs[@]}" -trimpath -ldflags "$KUBE_LDFLAGS" -o "$OUT/kubelet" ./kubelet)
 (cd "$SRC" && go build "${jobs[@]}" -trimpath -ldflags "-s -w" -o "$OUT/pause" ./pause)
 log "building containerd $CONTAINERD_VERSION"
 GOBIN="$OUT" go install "${jobs[@]}" -trimpath -ldflags "$CONTAINERD_LDFLAGS" \

@@ -2,21 +2,32 @@
 # shellcheck shell=bash
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-STATE="${GPUSIZER_CLUSTER_DIR:-$REPO/.cluster}"
-case "$STATE" in /*) ;; *) STATE="$(pwd)/$STATE" ;; esac
-STATE="${STATE%/}"
+
+# absolute_dir DIR: DIR as an absolute path without a trailing slash.
+absolute_dir() {
+  case "$1" in /*) printf '%s' "${1%/}" ;; *) printf '%s' "$(pwd)/${1%/}" ;; esac
+}
+
+STATE="$(absolute_dir "${GPUSIZER_CLUSTER_DIR:-$REPO/.cluster}")"
 MARKER="$STATE/.gpusizer-cluster"
 
-# lock_state: serialise cluster-up.sh/cluster-down.sh on one state dir. The lock file lives
-# in /tmp (named after the state dir), not in the state dir, which cluster-down removes.
-lock_state() {
+# lock_dir KIND DIR FD: serialise the up/down scripts of KIND on DIR, holding the lock on file
+# descriptor FD. The lock file lives in /tmp (named after the dir), not in the dir, which the
+# down script removes.
+lock_dir() {
   local lock
-  lock="${TMPDIR:-/tmp}/gpusizer-cluster-$(printf '%s' "$STATE" | sha256sum | cut -c1-16).lock"
-  exec 9>"$lock"
-  if ! flock -w "${GPUSIZER_LOCK_TIMEOUT:-600}" 9; then
-    echo "$(basename "$0"): another cluster-up/down holds $lock" >&2
+  lock="${TMPDIR:-/tmp}/gpusizer-$1-$(printf '%s' "$2" | sha256sum | cut -c1-16).lock"
+  eval "exec $3>\"\$lock\""
+  if ! flock -w "${GPUSIZER_LOCK_TIMEOUT:-600}" "$3"; then
+    echo "$(basename "$0"): another $1-up/down holds $lock" >&2
     exit 1
   fi
+}
+
+# lock_state: cluster-up.sh/cluster-down.sh on the cluster's state dir (fd 9, which the
+# cluster's long-running children never inherit).
+lock_state() {
+  lock_dir cluster "$STATE" 9
 }
 
 # alive PID: the process exists and its command line mentions our state dir

@@ -1,17 +1,12 @@
 # Shared helpers of node-up.sh and node-down.sh (sourced after lib.sh).
 # shellcheck shell=bash
 
-NODE="${GPUSIZER_NODE_DIR:-$REPO/.node}"
-case "$NODE" in /*) ;; *) NODE="$(pwd)/$NODE" ;; esac
-NODE="${NODE%/}"
+NODE="$(absolute_dir "${GPUSIZER_NODE_DIR:-$REPO/.node}")"
 NODE_MARKER=".gpusizer-node"
 
-# lock_node: serialise node-up.sh/node-down.sh on one node dir (the lock lives in /tmp).
+# lock_node: node-up.sh/node-down.sh on one node dir (fd 7, which the node never inherits).
 lock_node() {
-  local lock
-  lock="${TMPDIR:-/tmp}/gpusizer-node-$(printf '%s' "$NODE" | sha256sum | cut -c1-16).lock"
-  exec 7>"$lock"
-  flock -w "${GPUSIZER_LOCK_TIMEOUT:-600}" 7 || { echo "$(basename "$0"): $lock is held" >&2; exit 1; }
+  lock_dir node "$NODE" 7
 }
 
 node_env_get() {

@@ -23,6 +23,9 @@ TIMEOUT="${GPUSIZER_NODE_TIMEOUT:-180}"
 log() { echo "node-up: $*" >&2; }
 
 [ "$(id -u)" -eq 0 ] || { log "the kubelet and containerd need root"; exit 1; }
+if ! command -v openssl >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+fi
 cluster_running || { log "no cluster running in $STATE (make cluster-up)"; exit 1; }
 lock_node
 if node_running; then

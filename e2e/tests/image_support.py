@@ -231,3 +231,25 @@ def start_container(spec: ContainerRun, name: str) -> Iterator[RunningContainer]
         yield running
     finally:
         podman("rm", "--force", "--time", "10", name, check=False)
+
+
+def delete_sizings_namespace(cluster: Cluster, namespace: str, *, operator_runs: bool) -> None:
+    """Delete a namespace whose WorkloadSizings an operator has handled, and wait until it is
+    gone: a running operator removes kopf's finalizer from each; without one (or if it does not
+    within a minute) the finalizers go by hand, as docs/operations.md tells users. Nothing is
+    left Terminating, which would hold a later deletion of the CRD."""
+    if operator_runs:
+        deleted = cluster.kubectl(
+            "delete", "namespace", namespace, "--ignore-not-found", "--timeout=60s", check=False
+        )
+        if deleted.returncode == 0:
+            return
+    sizings = cluster.kubectl(
+        "get", "workloadsizings", "-n", namespace, "-o", "name", check=False
+    ).stdout.split()
+    for sizing in sizings:
+        cluster.kubectl(
+            "patch", sizing, "-n", namespace, "--type=merge",
+            "-p", '{"metadata": {"finalizers": null}}', check=False,
+        )  # fmt: skip
+    cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--timeout=60s")

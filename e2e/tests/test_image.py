@@ -24,7 +24,13 @@ import yaml
 from packaging.utils import canonicalize_name
 
 from e2e.tests.conftest import REPO, Cluster, wait_until
-from e2e.tests.image_support import RunningContainer, container_run, podman, start_container
+from e2e.tests.image_support import (
+    RunningContainer,
+    container_run,
+    delete_sizings_namespace,
+    podman,
+    start_container,
+)
 from e2e.tests.operator_support import Workloads, sizing_spec, stop_operators
 from e2e.tests.test_install import Helm, fresh_namespace, helm_binary
 from tests.support import free_port
@@ -293,4 +299,4 @@ def test_the_image_sizes_a_workload_as_the_charts_pod(
         print(operator_container.logs())
         raise
     finally:
-        cluster.kubectl("delete", "namespace", workloads.namespace, "--wait=false", check=False)
+        delete_sizings_namespace(cluster, workloads.namespace, operator_runs=True)

@@ -24,7 +24,7 @@ import pytest
 from gpusizer.timefmt import parse_time
 
 from e2e.tests.conftest import REPO, SCRIPTS, Cluster, read_env_file, wait_until
-from e2e.tests.image_support import CONTAINERS_CONF
+from e2e.tests.image_support import CONTAINERS_CONF, delete_sizings_namespace
 from e2e.tests.operator_support import Workloads, sizing_spec, stop_operators
 from e2e.tests.test_install import Helm, fresh_namespace, get, wait_gone
 from tests.support import free_port
@@ -224,12 +224,7 @@ def test_the_chart_runs_the_operator_as_a_real_pod(
         raise
     finally:
         helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found", check=False)
-        # with no operator left, kopf's finalizer goes by hand (docs/operations.md)
-        cluster.kubectl(
-            "patch", "workloadsizing", "chat", "-n", workloads.namespace, "--type=merge",
-            "-p", '{"metadata": {"finalizers": null}}', check=False,
-        )  # fmt: skip
-        for ns in (NAMESPACE, workloads.namespace):
-            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        delete_sizings_namespace(cluster, workloads.namespace, operator_runs=False)
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         for operator in stopped:
             operator.start()
