@@ -12,6 +12,15 @@ def iso(seconds: float) -> str:
     )
 
 
+def iso_millis(seconds: float) -> str:
+    """To the millisecond: for the times a wake's latency is measured between."""
+    return (
+        datetime.fromtimestamp(seconds, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
 def parse_time(value: Any) -> float | None:
     if not isinstance(value, str) or not value:
         return None

@@ -188,14 +188,65 @@ class ReplicasSpec(_Model):
         return self
 
 
+# The activator's ports for workloads, one per workload: the operator hands them out, the
+# activator listens on them, and a workload Service's EndpointSlice names one (docs/concepts.md).
+ACTIVATOR_PORTS = range(20000, 30000)
+
+DNS_LABEL_OR_EMPTY = r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$"
+
+
+class ActivatorSpec(_Model):
+    enabled: bool = Field(
+        False,
+        description=(
+            "While the workload has no ready replica, point its Service at gpusizer's "
+            "activator, which holds each request, wakes the workload at once and forwards the "
+            "requests in arrival order when a replica is ready. No wakeQuery is needed then."
+        ),
+    )
+    service: str = Field(
+        "",
+        max_length=63,
+        pattern=DNS_LABEL_OR_EMPTY,
+        description="The workload's Service, in this namespace; default: the target's name.",
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="The Service's port whose traffic is held; default: its only port.",
+    )
+    max_pending_requests: int = Field(
+        1000,
+        alias="maxPendingRequests",
+        ge=1,
+        le=100000,
+        description=(
+            "Requests each activator replica holds for this workload at most; the next one "
+            "is answered 503 with Retry-After."
+        ),
+    )
+    hold_timeout_seconds: int = Field(
+        600,
+        alias="holdTimeoutSeconds",
+        ge=1,
+        le=3600,
+        description=(
+            "How long a request is held for a ready replica before it is answered 504 with "
+            "Retry-After. The default covers a GPU cold start of several minutes."
+        ),
+    )
+
+
 class ScaleToZeroSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!self.enabled || size(self.wakeQuery) > 0",
-                    "scaleToZero.wakeQuery is required when scaleToZero.enabled: at zero "
-                    "replicas nothing else shows demand",
+                    "!self.enabled || size(self.wakeQuery) > 0 "
+                    "|| (has(self.activator) && self.activator.enabled)",
+                    "scaleToZero.wakeQuery or scaleToZero.activator.enabled is required when "
+                    "scaleToZero.enabled: at zero replicas nothing else shows demand",
                     ".wakeQuery",
                 )
             ]
@@ -255,13 +306,23 @@ class ScaleToZeroSpec(_Model):
         0,
         alias="wakeThreshold",
         ge=0,
-        description="Wake when the wake query is strictly above this.",
+        description=(
+            "Wake when the demand (the wake query plus the requests the activator holds) is "
+            "strictly above this."
+        ),
+    )
+    activator: ActivatorSpec = Field(
+        default_factory=ActivatorSpec,
+        description="Hold the requests that arrive while the workload has no ready replica.",
     )
 
     @model_validator(mode="after")
-    def _wake_query_when_enabled(self) -> ScaleToZeroSpec:
-        if self.enabled and not self.wake_query:
-            raise ValueError("scaleToZero.wakeQuery is required when scaleToZero.enabled")
+    def _wake_signal_when_enabled(self) -> ScaleToZeroSpec:
+        if self.enabled and not self.wake_query and not self.activator.enabled:
+            raise ValueError(
+                "scaleToZero.wakeQuery or scaleToZero.activator.enabled is required when "
+                "scaleToZero.enabled"
+            )
         return self
 
 
@@ -484,6 +545,43 @@ class LearnedStatus(_Model):
     )
 
 
+class Routing(StrEnum):
+    ACTIVATOR = "Activator"  # the Service's traffic goes to the activator
+    DIRECT = "Direct"  # the Service's traffic goes to the workload's pods only
+
+
+class ActivatorStatus(_Model):
+    port: int | None = Field(
+        None, description="The activator's port for this workload, given out by the operator."
+    )
+    service_port: str | None = Field(
+        None,
+        alias="servicePort",
+        description="The name of the Service's port the activator holds, as its EndpointSlices "
+        "give it: the activator forwards to the ready pods' port of that name.",
+    )
+    routing: Routing | None = Field(
+        None,
+        description=(
+            "Activator: the Service's traffic goes to the activator (no replica is ready); "
+            "Direct: to the workload's pods only."
+        ),
+    )
+    pending_requests: int | None = Field(
+        None,
+        alias="pendingRequests",
+        description="Requests the activator replicas hold for this workload, as they last said.",
+    )
+    last_wake_seconds: float | None = Field(
+        None,
+        alias="lastWakeSeconds",
+        description="At the last wake: seconds from the first request held to the /scale write.",
+    )
+    last_wake_time: str | None = Field(
+        None, alias="lastWakeTime", description="When the operator last woke the workload."
+    )
+
+
 class WorkloadSizingStatus(_Model):
     observed_generation: int | None = Field(
         None, alias="observedGeneration", description="Spec generation last acted on."
@@ -520,6 +618,9 @@ class WorkloadSizingStatus(_Model):
     )
     learned: LearnedStatus | None = Field(
         None, description="Start-up, idle gaps and returns from idle learned from the workload."
+    )
+    activator: ActivatorStatus | None = Field(
+        None, description="The activator's part: its port, the routing, the requests held."
     )
 
 
