@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpusizer.activation import ActivatorRoute, RouteProblem
 from gpusizer.actuate.target_view import (
     ScaleConflict,
     SliceChange,
@@ -17,7 +18,7 @@ from gpusizer.actuate.target_view import (
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog import load_catalog
 from gpusizer.cluster import WorkloadObject
-from gpusizer.ports import MetricsSource, TargetClient
+from gpusizer.ports import MetricsSource, RouteClient, TargetClient
 from gpusizer.reconcile import Services
 from gpusizer.rightsizing import RightSizer
 from gpusizer.settings import Tenancy
@@ -126,6 +127,47 @@ class FakeTargets:
 
 
 @dataclass
+class FakeRoutes:
+    """A RouteClient over Services by (namespace, name) with their port names by number; the
+    slices it holds are the routes written. `fail` makes `route` raise instead."""
+
+    ready: tuple[str, ...] | None = ("10.0.0.7", "10.0.0.8")  # the activator's replicas
+    services: dict[tuple[str, str], dict[int, str]] = field(
+        default_factory=lambda: {("llm", "chat"): {80: "http"}}
+    )
+    slices: dict[tuple[str, str], ActivatorRoute] = field(default_factory=dict)
+    fail: RouteProblem | None = None
+    writes: list[tuple[str, str, ActivatorRoute | None]] = field(default_factory=list)
+
+    def activators(self) -> tuple[str, ...] | None:
+        return self.ready
+
+    async def service_port(self, namespace: str, service: str, port: int | None) -> str:
+        field = "spec.scaleToZero.activator"
+        ports = self.services.get((namespace, service))
+        if ports is None:
+            raise RouteProblem(f"{field}.service: Service {namespace}/{service} does not exist")
+        if port is None:
+            if len(ports) != 1:
+                raise RouteProblem(f"{field}.port: Service {namespace}/{service} has {len(ports)}")
+            return next(iter(ports.values()))
+        if port not in ports:
+            raise RouteProblem(f"{field}.port: Service {namespace}/{service} has no port {port}")
+        return ports[port]
+
+    async def route(self, namespace: str, service: str, route: ActivatorRoute | None) -> None:
+        if self.slices.get((namespace, service)) == route:
+            return
+        if self.fail is not None:
+            raise self.fail
+        self.writes.append((namespace, service, route))
+        if route is None:
+            self.slices.pop((namespace, service), None)
+        else:
+            self.slices[(namespace, service)] = route
+
+
+@dataclass
 class FakeStatus:
     """A StatusSink that keeps every patch and answers with the merged status."""
 
@@ -139,7 +181,10 @@ class FakeStatus:
 
 
 def services(
-    metrics: MetricsSource, targets: TargetClient, tenancy: Tenancy | None = None
+    metrics: MetricsSource,
+    targets: TargetClient,
+    tenancy: Tenancy | None = None,
+    routes: RouteClient | None = None,
 ) -> Services:
     """A turn's ports with the default catalog; right-sizing reads its history from `metrics`
     and writes through `targets`."""
@@ -147,6 +192,7 @@ def services(
     return Services(
         metrics=metrics,
         targets=targets,
+        routes=routes or FakeRoutes(),
         right_sizer=RightSizer(
             catalog, HistoryCache(metrics, 60), OfferCache(catalog, 60), targets
         ),
@@ -162,4 +208,6 @@ def workload(
     namespace: str = "llm",
     generation: int = 1,
 ) -> WorkloadObject:
-    return WorkloadObject(namespace, name, spec, status or {}, annotations or {}, generation)
+    return WorkloadObject(
+        namespace, name, spec, status or {}, annotations or {}, generation, uid=f"uid-{name}"
+    )

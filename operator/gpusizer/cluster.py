@@ -21,13 +21,15 @@ PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
 
 @dataclass(frozen=True)
 class ClusterView:
-    """Pods by namespace and by label, GPU nodes by name, and Deployments and StatefulSets by
-    kind, then (namespace, name)."""
+    """Pods by namespace and by label, GPU nodes by name, Deployments and StatefulSets by
+    kind, then (namespace, name), and the activator ports the WorkloadSizings hold."""
 
     pods_by_namespace: Mapping[str, Iterable[PodInfo]]
     nodes: Mapping[str, NodeInfo]
     pods_by_label: Mapping[PodLabelKey, Iterable[PodInfo]] | None = None
     targets: Mapping[str, Mapping[tuple[str, str], TargetView]] | None = None
+    # every WorkloadSizing's activator port, as its status records it
+    activator_ports: Mapping[int, Iterable[tuple[str, str]]] | None = None
 
     def target(self, namespace: str, ref: TargetRef) -> TargetView | None:
         """The target as the watch shows it; None (another kind, or one the watch has not
@@ -66,3 +68,4 @@ class WorkloadObject:
     status: Mapping[str, Any]
     annotations: Mapping[str, str]
     generation: int | None
+    uid: str = ""

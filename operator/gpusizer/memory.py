@@ -51,11 +51,14 @@ class Memory:
     # the resourceVersion of each workload's target as the watch showed it when a scale write
     # found the API server's copy newer: see watched_target
     watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
+    # the activator port this process gave each workload, before its status shows it
+    activator_ports: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str) -> None:
         self.decided.pop((namespace, name), None)
         self.specs.forget(namespace, name)
         self.watch_behind.pop((namespace, name), None)
+        self.activator_ports.pop((namespace, name), None)
 
     def watched_target(
         self, namespace: str, name: str, ref: TargetRef, view: ClusterView

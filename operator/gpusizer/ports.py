@@ -1,9 +1,9 @@
-"""The operator's I/O edge: what a turn needs from Prometheus, the scaled targets and the
-WorkloadSizing status, as Protocols.
+"""The operator's I/O edge: what a turn needs from Prometheus, the scaled targets, the
+activator's routes and the WorkloadSizing status, as Protocols.
 
-The operator runs `signals.prometheus.PrometheusSource`, `actuate.targets.Targets` and
-`report.writer.StatusWriter`; tests run the in-memory fakes in tests/fakes.py, so every branch
-of a turn has a fast test.
+The operator runs `signals.prometheus.PrometheusSource`, `actuate.targets.Targets`,
+`actuate.routes.Routes` and `report.writer.StatusWriter`; tests run the in-memory fakes in
+tests/fakes.py, so every branch of a turn has a fast test.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpusizer.activation import ActivatorRoute
 from gpusizer.actuate.target_view import SliceChange, TargetView
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.signals.parse import PodSamples, Problem
@@ -44,6 +45,27 @@ class TargetClient(Protocol):
     async def annotate(
         self, namespace: str, ref: TargetRef, annotations: Mapping[str, str]
     ) -> None: ...
+
+
+class RouteClient(Protocol):
+    """Where a workload Service's traffic goes: the EndpointSlice that points it at the
+    activator, and the activator's ready replicas. Raises `activation.RouteProblem` with the
+    reason for the user."""
+
+    def activators(self) -> tuple[str, ...] | None:
+        """The ready activator replicas' addresses as the watch shows them; None when no
+        activator is installed or its Service was not listed yet."""
+        ...
+
+    async def service_port(self, namespace: str, service: str, port: int | None) -> str:
+        """The name the Service's EndpointSlices give the port to hold (`port`, or the
+        Service's only port)."""
+        ...
+
+    async def route(self, namespace: str, service: str, route: ActivatorRoute | None) -> None:
+        """The Service's activator EndpointSlice made to say `route`, or removed (None);
+        nothing is sent when it already does."""
+        ...
 
 
 class StatusSink(Protocol):

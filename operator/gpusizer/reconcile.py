@@ -1,4 +1,5 @@
-"""One turn of one WorkloadSizing: the checks that end it, then observe, decide, act, report.
+"""One turn of one WorkloadSizing: the checks that end it, then observe, decide, route, act,
+report.
 
 Kopf-free: the caller passes the object and the cycle's shared reads in, and posts the events
 and the status patch this returns. Every step is a function of its inputs and the ports it is
@@ -14,23 +15,34 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpusizer.activation import (
+    ACTIVATOR_SIGNAL,
+    ActivatorRoute,
+    RouteProblem,
+    activator_port,
+    service_of,
+    uses_activator,
+    wake_demand,
+)
 from gpusizer.actuate.target_view import (
     ScaleConflict,
     TargetNotFound,
     TargetProblem,
     TargetView,
 )
-from gpusizer.api.annotations import PAUSE_ANNOTATION
+from gpusizer.api.annotations import PAUSE_ANNOTATION, Held, held_requests
 from gpusizer.api.v1alpha1 import (
+    ActivatorStatus,
     Mode,
     Observation,
+    Routing,
     WorkloadSizingSpec,
 )
 from gpusizer.clock import Cycle
 from gpusizer.cluster import ClusterView, WorkloadObject
 from gpusizer.memory import Memory, SpecCache
 from gpusizer.policy.replicas import History, ReplicaCounts, ReplicaDecision, decide_replicas
-from gpusizer.ports import MetricsSource, TargetClient
+from gpusizer.ports import MetricsSource, RouteClient, TargetClient
 from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import (
@@ -62,6 +74,7 @@ class Services:
 
     metrics: MetricsSource
     targets: TargetClient
+    routes: RouteClient
     right_sizer: RightSizer
     tenancy: Tenancy = field(default_factory=Tenancy)
     status_refresh_seconds: float = STATUS_REFRESH_SECONDS
@@ -85,6 +98,17 @@ class Checked:
     queries: UserQueries  # the spec's PromQL as it is sent
     target: TargetView
     watched: TargetView | None  # the watch's copy the target came from, if it did
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Where the workload's Service sends its traffic after the route step."""
+
+    port: int | None  # the activator's port for the workload
+    routing: Routing
+    problem: ConditionState | None = None  # the route could not be put in place or taken out
+    hold: ConditionState | None = None  # what keeps the last replica: the route is not there
+    service_port: str | None = None  # the Service port's name, once read
 
 
 @dataclass(frozen=True)
@@ -117,7 +141,8 @@ async def reconcile(
         return report.finish(ended.status, [ended.condition])
     spec, target = checked.spec, checked.target
     pods = view.selected(obj.namespace, target.selector)
-    signals = await observe(checked, pods, cycle.snapshot, services.metrics, now)
+    held = held_requests(obj.annotations, now)
+    signals = await observe(checked, pods, cycle.snapshot, services, held, now)
     decision = decide(checked, pods, signals, memory, now)
     paused_by = pause_source(obj.annotations, target)
     sizing = RightSizingOutcome()
@@ -129,6 +154,9 @@ async def reconcile(
             may_act=spec.mode == Mode.AUTO and paused_by is None,
         )
     hold = holding(checked, decision, paused_by, sizing.reshaping)
+    routed = await route(checked, pods, decision, hold, services.routes, view, memory)
+    if hold is None and routed is not None and routed.hold is not None:
+        hold = routed.hold, ()
     acted = await act(checked, decision, hold, services.targets, memory, now)
     report.events.extend([*sizing.events, *acted.events])
     status: dict[str, Any] = {
@@ -140,10 +168,17 @@ async def reconcile(
     }
     if sizing.recommendation is not None:
         status["recommendation"] = sizing.recommendation
+    ready = acted.ready
+    if routed is not None:
+        status["activator"] = _activator_status(obj, routed, held, target.replicas, acted, now)
+        if routed.problem is not None and ready.status:
+            ready = routed.problem
+    elif obj.status.get("activator") is not None:
+        status["activator"] = None  # the activator was turned off: its part of the status goes
     conditions = [
-        acted.ready,
+        ready,
         report.metrics_condition(signals, decision, checked.queries.restricted),
-        _scaled_to_zero(acted.current, decision),
+        _scaled_to_zero(acted.current, decision, spec),
         _scaling_limited(decision),
     ]
     sized = sizing.condition or _out_of_memory(pods)
@@ -236,17 +271,24 @@ async def observe(
     checked: Checked,
     pods: list[PodInfo],
     snapshot: Snapshot,
-    source: MetricsSource,
+    services: Services,
+    held: Held,
     now: float,
 ) -> WorkloadSignals:
     """The workload's signals: the shared snapshot joined to its pods, plus its own queue and
-    wake queries, if it has them."""
-    spec, queries = checked.spec, checked.queries
+    wake queries, if it has them, and the requests the activator holds for it."""
+    spec, queries, source = checked.spec, checked.queries, services.metrics
     custom = await read_custom_queue(source, queries.queue) if queries.queue else None
-    wake = None
-    if spec.scale_to_zero.enabled and queries.wake:
-        wake = await source.scalar(queries.wake)
-    return workload_signals(spec, pods, snapshot, now, custom_queue=custom, wake=wake)
+    wake, wake_signal = None, "wakeQuery"
+    if spec.scale_to_zero.enabled:
+        query = await source.scalar(queries.wake) if queries.wake else None
+        activator = spec.scale_to_zero.activator
+        wake = wake_demand(activator, held, services.routes.activators(), query)
+        if activator.enabled and (query is None or query[1] is None):
+            wake_signal = ACTIVATOR_SIGNAL
+    return workload_signals(
+        spec, pods, snapshot, now, custom_queue=custom, wake=wake, wake_signal=wake_signal
+    )
 
 
 def decide(
@@ -322,6 +364,104 @@ def holding(
     return None
 
 
+async def route(
+    checked: Checked,
+    pods: list[PodInfo],
+    decision: ReplicaDecision,
+    hold: tuple[ConditionState, tuple[EventIntent, ...]] | None,
+    routes: RouteClient,
+    view: ClusterView,
+    memory: Memory,
+) -> Routed | None:
+    """While no replica is ready the Service's traffic goes to the activator: the route goes
+    in before the last replica goes (a request must never find neither) and comes out once a
+    replica is ready. None for a workload that does not use the activator (a route it had is
+    taken out)."""
+    obj, spec, target = checked.obj, checked.spec, checked.target
+    service = service_of(spec)
+    if not uses_activator(spec):
+        if obj.status.get("activator") is not None:
+            try:
+                await routes.route(obj.namespace, service, None)
+            except RouteProblem as exc:
+                log.warning("%s/%s: taking out the activator's route: %s", *_key(obj), exc)
+        return None
+    recorded = (obj.status.get("activator") or {}).get("port")
+    port = activator_port(_key(obj), recorded, view.activator_ports or {}, memory.activator_ports)
+    if port is None:
+        problem = _route_failed(
+            "spec.scaleToZero.activator: every activator port is held by another WorkloadSizing"
+        )
+        return Routed(None, Routing.DIRECT, problem, problem)
+    memory.activator_ports[_key(obj)] = port
+    ready = sum(1 for p in pods if p.ready and not p.terminating)
+    to_zero = hold is None and decision.desired == 0 and target.replicas > 0
+    if ready > 0 and not to_zero:
+        try:
+            await routes.route(obj.namespace, service, None)
+        except RouteProblem as exc:
+            return Routed(port, Routing.ACTIVATOR, _route_failed(f"{exc}; the activator stays"))
+        return Routed(port, Routing.DIRECT)
+    if port != recorded:
+        # the activator listens on the ports the statuses show: this one is not shown yet
+        waiting = _ready(Reason.ACTING, f"the activator takes port {port} before replicas go")
+        return Routed(port, Routing.DIRECT, hold=waiting if to_zero else None)
+    try:
+        addresses = routes.activators()
+        if not addresses:
+            raise RouteProblem(
+                "spec.scaleToZero.activator: no activator replica is ready to hold requests"
+            )
+        service_port = await routes.service_port(
+            obj.namespace, service, spec.scale_to_zero.activator.port
+        )
+        await routes.route(
+            obj.namespace,
+            service,
+            ActivatorRoute(obj.name, obj.uid, service, service_port, port, addresses),
+        )
+    except RouteProblem as exc:
+        problem = _route_failed(str(exc))
+        return Routed(port, Routing.DIRECT, problem, problem if to_zero else None)
+    return Routed(port, Routing.ACTIVATOR, service_port=service_port)
+
+
+def _key(obj: WorkloadObject) -> tuple[str, str]:
+    return obj.namespace, obj.name
+
+
+def _route_failed(why: str) -> ConditionState:
+    return ConditionState(
+        ConditionType.READY,
+        False,
+        Reason.ACTIVATOR_ROUTE_FAILED,
+        f"{why}; replicas do not go to zero without the route",
+    )
+
+
+def _activator_status(
+    obj: WorkloadObject, routed: Routed, held: Held, before: int, acted: Acted, now: float
+) -> ActivatorStatus:
+    """The port, the routing and the requests held; at a wake from zero, the time from the
+    first request held to the /scale write (also in the operator's metrics)."""
+    previous = obj.status.get("activator") or {}
+    wake_seconds, wake_time = previous.get("lastWakeSeconds"), previous.get("lastWakeTime")
+    service_port = routed.service_port
+    if service_port is None:
+        service_port = previous.get("servicePort")
+    if before == 0 and acted.current > 0 and held.since is not None:
+        wake_seconds, wake_time = round(max(0.0, now - held.since), 3), iso(now)
+        metrics.ACTIVATOR_WAKE_SECONDS.observe(wake_seconds)
+    return ActivatorStatus(
+        port=routed.port,
+        service_port=service_port,
+        routing=routed.routing,
+        pending_requests=held.pending,
+        last_wake_seconds=wake_seconds,
+        last_wake_time=wake_time,
+    )
+
+
 async def act(
     checked: Checked,
     decision: ReplicaDecision,
@@ -383,13 +523,15 @@ def _observation(signals: WorkloadSignals, now: float) -> Observation:
     )
 
 
-def _scaled_to_zero(current: int, decision: ReplicaDecision) -> ConditionState:
+def _scaled_to_zero(
+    current: int, decision: ReplicaDecision, spec: WorkloadSizingSpec
+) -> ConditionState:
     if current == 0:
+        back = "the wake query brings it back"
+        if uses_activator(spec):
+            back = "the activator holds its requests and brings it back"
         return ConditionState(
-            ConditionType.SCALED_TO_ZERO,
-            True,
-            Reason.SCALE_TO_ZERO,
-            "scaled to zero; the wake query brings it back",
+            ConditionType.SCALED_TO_ZERO, True, Reason.SCALE_TO_ZERO, f"scaled to zero; {back}"
         )
     return ConditionState(
         ConditionType.SCALED_TO_ZERO, False, Reason.IDLE if decision.idle else Reason.ACTIVE, ""

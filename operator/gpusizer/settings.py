@@ -57,6 +57,7 @@ class OperatorSettings:
     rightsizing_period_seconds: float = 60.0
     reshape_deadline_seconds: float = 600.0
     min_reshape_interval_seconds: float = 3600.0
+    activator_service: tuple[str, str] | None = None  # namespace, name; None: none installed
 
     @property
     def read_period(self) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from prometheus_client import disable_created_metrics, start_http_server
 
+from gpusizer.actuate.routes import Routes
 from gpusizer.actuate.targets import Targets
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.catalog import load_catalog
@@ -29,6 +31,7 @@ from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import OfferCache
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import HistoryCache, SnapshotReader
+from gpusizer.workload import Workload
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,9 @@ class Runtime:
     clock: CycleClock
     executor: ThreadPoolExecutor
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    watching: threading.Event = field(default_factory=threading.Event)  # set: watches stop
+    # the workloads this process decides, for the pushes that ask for a turn at once
+    workloads: dict[tuple[str, str], Workload] = field(default_factory=dict)
 
     def stop(self) -> None:
         """Reads and writes still queued for a worker thread are dropped (every decision is
@@ -50,7 +56,20 @@ class Runtime:
         exiting, past a pod's grace period at thousands of workloads."""
         for task in self.tasks:
             task.cancel()
+        self.watching.set()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def activator_pushed(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        workload = self.workloads.get((namespace, name))
+        if workload is not None:
+            workload.activator_pushed(annotations)
+
+    def activator_replicas_changed(self) -> None:
+        """The routes name the activator's replicas: the workloads routed to it rewrite theirs
+        at once."""
+        for workload in self.workloads.values():
+            if workload.routed_to_activator():
+                workload.nudge()
 
 
 def start(config: OperatorSettings, peering_priority: int) -> Runtime:
@@ -62,9 +81,17 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
     prometheus = PrometheusSource(config.prometheus)
     catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
     targets = Targets(client)
+    runtime: Runtime | None = None
+
+    def activator_replicas_changed() -> None:
+        if runtime is not None:
+            runtime.activator_replicas_changed()
+
+    routes = Routes(client, config.activator_service, activator_replicas_changed)
     services = Services(
         metrics=prometheus,
         targets=targets,
+        routes=routes,
         right_sizer=RightSizer(
             catalog,
             HistoryCache(prometheus, config.rightsizing_period_seconds),
@@ -89,6 +116,7 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
         decide_every=config.decide_every,
     )
     runtime = Runtime(services, Memory(), StatusWriter(client), clock, executor)
+    routes.start(runtime.watching)
     runtime.tasks.append(asyncio.create_task(clock.run()))
     if config.peering:
         runtime.tasks.append(

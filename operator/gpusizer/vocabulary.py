@@ -70,6 +70,9 @@ class Reason(StrEnum):
     UNKNOWN_SLICE = "UnknownSlice"
     RESHAPING = "Reshaping"
     RESHAPE_ROLLED_BACK = "ReshapeRolledBack"
+    # activator
+    NO_ACTIVATOR = "NoActivator"
+    ACTIVATOR_ROUTE_FAILED = "ActivatorRouteFailed"
 
 
 class EventReason(StrEnum):
@@ -88,3 +91,4 @@ class EventReason(StrEnum):
     RESHAPE_STARTED = "ReshapeStarted"
     RESHAPED = "Reshaped"
     RESHAPE_ROLLED_BACK = "ReshapeRolledBack"
+    ACTIVATOR_ROUTE_FAILED = "ActivatorRouteFailed"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from gpusizer.activation import ActivatorRoute, RouteProblem
 from gpusizer.actuate.target_view import (
     ScaleConflict,
     TargetNotScalable,
@@ -18,9 +19,11 @@ from gpusizer.actuate.target_view import (
 from gpusizer.api.annotations import (
     PAUSE_ANNOTATION,
     RESHAPE_ANNOTATION,
+    HeldRecord,
     Placement,
     ReshapeRecord,
     ReshapeState,
+    held_key,
 )
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.clock import Cycle
@@ -34,10 +37,10 @@ from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
 from gpusizer.signals.snapshot import Snapshot
-from gpusizer.timefmt import iso
+from gpusizer.timefmt import iso, iso_millis
 from gpusizer.vocabulary import ConditionType, Reason
 
-from tests.fakes import FakeMetrics, FakeTargets, services, workload
+from tests.fakes import FakeMetrics, FakeRoutes, FakeTargets, services, workload
 
 NOW = 1_800_000_000.0
 NS = "llm"
@@ -127,6 +130,8 @@ class Turn:
     history: dict[str, PodSamples] = field(default_factory=dict)  # right-sizing's window
     scalars: dict[str, float] = field(default_factory=dict)  # wake queries' answers
     watched: bool = False  # the target comes from the watch, not a read
+    routes: FakeRoutes = field(default_factory=FakeRoutes)  # the activator's routes
+    activator_ports: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
 
     async def run(self) -> tuple[Outcome, FakeTargets, FakeMetrics, Memory]:
         stored = {(NS, "chat"): self.target} if self.target is not None else {}
@@ -136,6 +141,7 @@ class Turn:
             {NS: self.pods},
             {NODE.name: NODE},
             targets={"Deployment": dict(stored)} if self.watched else None,
+            activator_ports=self.activator_ports,
         )
         cycle = Cycle(
             snapshot(self.util, self.pods),
@@ -147,7 +153,7 @@ class Turn:
             workload(self.spec, self.status, self.annotations),
             cluster,
             cycle,
-            services(metrics, targets),
+            services(metrics, targets, routes=self.routes),
             memory,
             NOW,
         )
@@ -559,3 +565,210 @@ async def test_what_is_learned_is_kept_for_a_workload_that_scales_to_zero_only()
     assert outcome.status_patch["learned"]["startupSeconds"] == 300
     outcome, _, _, _ = await Turn(util=70.0, pods=pods).run()
     assert "learned" not in outcome.status_patch
+
+
+# --- the activator: the route goes in before the last replica goes, and out once one is ready ---
+
+ZERO_BY_ACTIVATOR = spec(
+    replicas={"min": 0},
+    scaleToZero={"enabled": True, "idleSeconds": 600, "activator": {"enabled": True}},
+    metrics={"server": "none"},
+)
+PORT = 20000
+ROUTE = ActivatorRoute("chat", "uid-chat", "chat", "http", PORT, ("10.0.0.7", "10.0.0.8"))
+IDLE_AT_PORT = {
+    "lastActiveTime": iso(NOW - 3600),
+    "conditions": [{"type": "ScaledToZero", "status": "False", "reason": "Idle"}],
+    "activator": {"port": PORT, "routing": "Direct"},
+}
+AT_ZERO = {"activator": {"port": PORT, "routing": "Activator"}}
+
+
+def held(pending: int, since: float, at: float = NOW - 0.2) -> dict[str, str]:
+    record = HeldRecord(pending=pending, since=iso_millis(since), at=iso_millis(at))
+    return {held_key("gpusizer-activator-7d9f-x2x4q"): record.annotation()}
+
+
+def idle_one(**kw: Any) -> Turn:
+    """One ready replica, idle for an hour: it goes to zero, behind the activator."""
+    fields: dict[str, Any] = dict(
+        spec=ZERO_BY_ACTIVATOR, status=IDLE_AT_PORT, target=target(1), pods=[pod("chat-0")]
+    )
+    fields.update(util=0.0, **kw)
+    return Turn(**fields)
+
+
+def at_zero(**kw: Any) -> Turn:
+    fields: dict[str, Any] = dict(
+        spec=ZERO_BY_ACTIVATOR, status=AT_ZERO, target=target(0), pods=[], util=0.0
+    )
+    fields.update(kw)
+    return Turn(**fields)
+
+
+def routes(**kw: Any) -> FakeRoutes:
+    return FakeRoutes(**kw)
+
+
+@pytest.mark.parametrize(
+    ("label", "turn", "ready", "writes", "route_writes", "routing"),
+    [
+        (
+            "idle: the route goes in, then the last replica goes",
+            idle_one(),
+            ("True", Reason.ACTING),
+            [0],
+            [ROUTE],
+            "Activator",
+        ),
+        (
+            "idle, but the route cannot be written: the last replica stays",
+            idle_one(routes=routes(fail=RouteProblem("writing EndpointSlice: HTTP 403"))),
+            ("False", Reason.ACTIVATOR_ROUTE_FAILED),
+            [],
+            [],
+            "Direct",
+        ),
+        (
+            "idle, but the Service is missing: the last replica stays",
+            idle_one(routes=routes(services={})),
+            ("False", Reason.ACTIVATOR_ROUTE_FAILED),
+            [],
+            [],
+            "Direct",
+        ),
+        (
+            "idle, but no activator replica is ready: unknown demand, nothing scales",
+            idle_one(routes=routes(ready=())),
+            ("True", Reason.ACTING),
+            [],
+            [],
+            "Direct",
+        ),
+        (
+            "idle, port just given out: the activator takes it before the replica goes",
+            idle_one(status={**IDLE_AT_PORT, "activator": None}),
+            ("True", Reason.ACTING),
+            [],
+            [],
+            "Direct",
+        ),
+        (
+            "at zero: requests held wake it, the route stays",
+            at_zero(annotations=held(3, since=NOW - 0.4)),
+            ("True", Reason.ACTING),
+            [1],
+            [ROUTE],
+            "Activator",
+        ),
+        (
+            "at zero: a gone replica's record is no demand",
+            at_zero(annotations=held(3, since=NOW - 90, at=NOW - 60)),
+            ("True", Reason.ACTING),
+            [],
+            [ROUTE],
+            "Activator",
+        ),
+        (
+            "starting: no replica ready yet, the route stays",
+            at_zero(target=target(1), pods=[pod("chat-0", ready=False, phase="Pending")]),
+            ("True", Reason.ACTING),
+            [],
+            [ROUTE],
+            "Activator",
+        ),
+        (
+            "a replica is ready: the route comes out",
+            Turn(
+                spec=ZERO_BY_ACTIVATOR,
+                status=AT_ZERO,
+                target=target(1),
+                pods=[pod("chat-0")],
+                util=50.0,
+                routes=routes(slices={(NS, "chat"): ROUTE}),
+            ),
+            ("True", Reason.ACTING),
+            [],
+            [None],
+            "Direct",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+async def test_a_turn_with_the_activator(
+    label: str,
+    turn: Turn,
+    ready: tuple[str, Reason],
+    writes: list[int],
+    route_writes: list[ActivatorRoute | None],
+    routing: str,
+) -> None:
+    outcome, targets, _, _ = await turn.run()
+    got = condition(outcome, ConditionType.READY)
+    assert (got["status"], got["reason"]) == (ready[0], ready[1].value), got["message"]
+    assert [replicas for _, _, replicas in targets.writes] == writes
+    assert [route for _, _, route in turn.routes.writes] == route_writes
+    assert outcome.status_patch["activator"]["routing"] == routing
+    assert outcome.status_patch["activator"]["port"] == PORT
+
+
+async def test_a_wake_by_the_activator_says_how_long_it_took() -> None:
+    outcome, targets, _, _ = await at_zero(annotations=held(3, since=NOW - 0.4)).run()
+    assert targets.writes == [(NS, "chat", 1)]
+    activator = outcome.status_patch["activator"]
+    assert (activator["pendingRequests"], activator["lastWakeSeconds"]) == (3, 0.4)
+    assert activator["lastWakeTime"] == iso(NOW)
+    assert events(outcome) == [("Normal", "Woke")]
+
+
+async def test_without_an_activator_ready_the_reason_is_named() -> None:
+    outcome, _, _, _ = await idle_one(routes=routes(ready=())).run()
+    metrics = condition(outcome, ConditionType.METRICS_AVAILABLE)
+    assert (metrics["status"], metrics["reason"]) == ("False", "NoActivator")
+    assert "activator: NoActivator: no activator replica is ready" in metrics["message"]
+    outcome, _, _, _ = await idle_one(routes=routes(ready=None)).run()
+    assert "--activator-service" in condition(outcome, ConditionType.METRICS_AVAILABLE)["message"]
+
+
+async def test_a_failed_route_names_the_field_and_warns_once() -> None:
+    outcome, _, _, _ = await idle_one(
+        routes=routes(services={(NS, "chat"): {80: "a", 81: "b"}})
+    ).run()
+    ready = condition(outcome, ConditionType.READY)
+    assert ready["message"].startswith("spec.scaleToZero.activator.port: Service llm/chat has 2")
+    assert ready["message"].endswith("replicas do not go to zero without the route")
+    assert events(outcome) == [("Warning", "ActivatorRouteFailed")]
+    still = idle_one(
+        routes=routes(services={}),
+        status={
+            **IDLE_AT_PORT,
+            "conditions": [
+                *IDLE_AT_PORT["conditions"],
+                {"type": "Ready", "status": "False", "reason": "ActivatorRouteFailed"},
+            ],
+        },
+    )
+    outcome, _, _, _ = await still.run()
+    assert events(outcome) == [], "the Warning goes out when the route first fails"
+
+
+async def test_the_port_recorded_is_kept_and_a_taken_one_is_not_given_twice() -> None:
+    turn = idle_one(activator_ports={PORT: [(NS, "chat")], PORT + 1: [(NS, "aaa")]})
+    outcome, _, _, memory = await turn.run()
+    assert outcome.status_patch["activator"]["port"] == PORT
+    assert memory.activator_ports == {(NS, "chat"): PORT}
+    # another workload recorded the same port and sorts first: this one moves to a free port
+    clash = idle_one(activator_ports={PORT: [(NS, "chat"), (NS, "aaa")], PORT + 1: [(NS, "b")]})
+    outcome, targets, _, _ = await clash.run()
+    assert outcome.status_patch["activator"]["port"] == PORT + 2
+    assert targets.writes == [], "a port the activator does not listen on yet is not routed"
+
+
+async def test_turning_the_activator_off_takes_the_route_out_and_clears_the_status() -> None:
+    turn = Turn(
+        status={"activator": {"port": PORT, "routing": "Activator"}},
+        routes=routes(slices={(NS, "chat"): ROUTE}),
+    )
+    outcome, _, _, _ = await turn.run()
+    assert turn.routes.writes == [(NS, "chat", None)]
+    assert outcome.status_patch["activator"] is None

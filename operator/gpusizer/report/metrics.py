@@ -54,6 +54,13 @@ CYCLE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
+ACTIVATOR_WAKE_SECONDS = Histogram(
+    "gpusizer_activator_wake_seconds",
+    "At each wake from zero by requests the activator held: from the first of them to the "
+    "operator's /scale write.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
 
 @dataclass(slots=True)
 class WorkloadSeries:

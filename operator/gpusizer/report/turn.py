@@ -118,6 +118,7 @@ _WARNINGS: dict[Reason, EventReason] = {
     Reason.INVALID_SPEC: EventReason.INVALID_SPEC,
     Reason.SCALE_FAILED: EventReason.SCALE_FAILED,
     Reason.OUT_OF_MEMORY: EventReason.OUT_OF_MEMORY,
+    Reason.ACTIVATOR_ROUTE_FAILED: EventReason.ACTIVATOR_ROUTE_FAILED,
 }
 
 

@@ -29,7 +29,7 @@ from gpusizer.vocabulary import Reason
 
 @dataclass(frozen=True)
 class SignalProblem:
-    signal: str  # the user-facing name: gpuUtilization, queue, wakeQuery
+    signal: str  # the user-facing name: gpuUtilization, queue, wakeQuery, activator
     reason: Reason
     message: str
 
@@ -126,6 +126,7 @@ def workload_signals(
     now: float,
     custom_queue: PodSamples | Problem | None = None,
     wake: tuple[float | None, Problem | None] | None = None,
+    wake_signal: str = "wakeQuery",
 ) -> WorkloadSignals:
     max_age = float(spec.metrics.max_sample_age_seconds)
     ready = [p for p in pods if p.ready and not p.terminating]
@@ -199,7 +200,7 @@ def workload_signals(
     if wake is not None:
         wake_demand, wake_problem = wake
         if wake_problem is not None:
-            problems.append(SignalProblem("wakeQuery", wake_problem.reason, wake_problem.message))
+            problems.append(SignalProblem(wake_signal, wake_problem.reason, wake_problem.message))
 
     return WorkloadSignals(
         signals=Signals(
