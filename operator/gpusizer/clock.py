@@ -59,6 +59,31 @@ async def fetch_cycle(
 Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first
 
 
+class Nudge:
+    """A turn asked for at once, on the latest cycle, from outside the clock: the activator
+    said it holds a request, and the wake must not wait for the next cycle."""
+
+    def __init__(self) -> None:
+        self._asked = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __call__(self) -> None:
+        self._asked = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def take(self) -> bool:
+        """Whether a turn was asked for since the last take."""
+        asked, self._asked = self._asked, False
+        return asked
+
+    def waiter(self) -> asyncio.Future[None]:
+        """Done when a turn is asked for; the same one until then (no future per cycle)."""
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
+
+
 class CycleClock:
     """One snapshot per read period, handed to every workload the moment it arrives.
 
@@ -145,19 +170,30 @@ class CycleClock:
         until: asyncio.Future[Any],
         urgent: Urgency = lambda _: False,
         changed: Callable[[Cycle], bool] = lambda _: False,
+        nudge: Nudge | None = None,
     ) -> AsyncIterator[Cycle]:
         """The cycles to decide on from now on, until `until` is done: every `decide_every`-th
         since the last one decided on, and any in which `changed` says the workload changed,
         the turn taken ahead of the others when `urgent` says so. One that arrives while the
         caller is still busy with the previous is skipped for the newest, which is then decided
         on: what changed in the skipped one is not in the newest's changes. The first is the
-        latest if it is at most a period old: after a pause it may be hours old.
+        latest if it is at most a period old: after a pause it may be hours old. A `nudge`
+        gives a turn at once, ahead of the others, on the latest cycle even if it was decided
+        on already.
 
         No cycle is kept here while waiting, for a turn or for the next cycle: every waiting
         workload held the one it last saw, and each cycle's snapshot with it (bench/README.md:
         several snapshots alive at once during a first round)."""
         decided = looked = 0  # the numbers of the cycles last decided on and last looked at
         while not until.done():
+            if decided and nudge is not None and nudge.take():
+                await self._turn(lambda _: True)
+                if until.done():
+                    return
+                decided = looked = self._number
+                assert self._latest is not None  # one was decided on
+                yield self._latest
+                continue
             if (
                 self._latest is not None
                 and self._number > looked
@@ -174,11 +210,16 @@ class CycleClock:
                     await self._turn(urgent)
                     if until.done():
                         return
+                    if nudge is not None:
+                        nudge.take()  # this turn reads what the nudge was for
                     # the newest: another may have come while this workload waited for its turn
                     decided = looked = self._number
                     yield self._latest
                     continue
-            await asyncio.wait((self._arrived, until), return_when=asyncio.FIRST_COMPLETED)
+            waits: tuple[asyncio.Future[Any], ...] = (self._arrived, until)
+            if nudge is not None and decided:
+                waits += (nudge.waiter(),)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
 
     async def _turn(self, urgent: Urgency) -> None:
         """Returns when it is this workload's turn; the next one's comes at the next pass of

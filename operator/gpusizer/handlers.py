@@ -80,6 +80,14 @@ def register(settings: OperatorSettings) -> None:
         view = target_view(body)
         return {(namespace or "", name): view} if requests_gpu(view.pod_spec) else None
 
+    # The port each workload's status records for the activator, so a new one gets a free one.
+    @kopf.index(GROUP, VERSION, PLURAL, id="activator_ports")
+    async def activator_ports(
+        *, namespace: str | None, name: str, status: kopf.Status, **_: Any
+    ) -> dict[int, tuple[str, str]] | None:
+        port = (status.get("activator") or {}).get("port")
+        return {port: (namespace or "", name)} if isinstance(port, int) else None
+
     @kopf.index("", "v1", "nodes", id="gpu_nodes")
     async def gpu_nodes(*, name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo] | None:
         info = node_info(body)
@@ -118,9 +126,11 @@ def register(settings: OperatorSettings) -> None:
                 "Deployment": OnePerKey(kwargs["deployments"]),
                 "StatefulSet": OnePerKey(kwargs["statefulsets"]),
             },
+            activator_ports=kwargs["activator_ports"],
         )
         runtime: startup.Runtime = memo.runtime
         workload = Workload(namespace, name, body, logger)
+        runtime.workloads[(namespace, name)] = workload
         stop = asyncio.ensure_future(stopped.wait())
         try:
             await workload.follow(
@@ -133,6 +143,8 @@ def register(settings: OperatorSettings) -> None:
             )
         finally:
             stop.cancel()
+            if runtime.workloads.get((namespace, name)) is workload:
+                del runtime.workloads[(namespace, name)]
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
     async def workload_event(
@@ -144,9 +156,13 @@ def register(settings: OperatorSettings) -> None:
         memo: kopf.Memo,
         **_: Any,
     ) -> None:
-        """Every event of a WorkloadSizing: its body loses what kopf need not keep, and a
-        deleted one's series and remembered state go."""
+        """Every event of a WorkloadSizing: its body loses what kopf need not keep, an
+        activator's push asks for a turn at once, and a deleted one's series and remembered
+        state go."""
         drop_managed_fields(event)
         if type == "DELETED" and namespace:
             metrics.WORKLOADS.forget(namespace, name)
             memo.runtime.memory.forget(namespace, name)
+        elif namespace:
+            annotations = (event["object"].get("metadata") or {}).get("annotations") or {}
+            memo.runtime.activator_pushed(namespace, name, annotations)

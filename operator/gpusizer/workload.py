@@ -12,7 +12,9 @@ from typing import Any
 
 import kopf
 
-from gpusizer.clock import Cycle, CycleClock
+from gpusizer.api.annotations import HELD_PREFIX
+from gpusizer.api.v1alpha1 import Routing
+from gpusizer.clock import Cycle, CycleClock, Nudge
 from gpusizer.cluster import ClusterView, WorkloadObject
 from gpusizer.memory import Memory
 from gpusizer.ports import StatusSink
@@ -36,6 +38,21 @@ class Workload:
     status: StatusOverlay = field(default_factory=StatusOverlay)
     pods: tuple[PodKey, ...] = ()  # the ones its last decision read
     generation: int | None = None  # of the spec its last decision read
+    nudge: Nudge = field(default_factory=Nudge)
+    held: dict[str, str] = field(default_factory=dict)  # the activator's records last seen
+
+    def activator_pushed(self, annotations: Mapping[str, str]) -> None:
+        """A turn at once when an activator replica's record changed: it holds requests for
+        this workload (the wake must not wait for a cycle), or no longer does."""
+        records = {k: v for k, v in annotations.items() if k.startswith(HELD_PREFIX)}
+        if records != self.held:
+            self.held = records
+            self.nudge()
+
+    def routed_to_activator(self) -> bool:
+        """Its Service's traffic goes to the activator, as its last status says."""
+        activator = self.status.current(self.body.status).get("activator") or {}
+        return bool(activator.get("routing") == Routing.ACTIVATOR.value)
 
     def urgent(self, cycle: Cycle) -> bool:
         """Decided ahead of the others in `cycle`: one of its pods' readings moved, or it has
@@ -65,7 +82,10 @@ class Workload:
         writes queue for the worker threads, and each decision waiting for its own kept a
         cycle's snapshot alive (bench/README.md)."""
         with clock.listening():
-            async for cycle in clock.cycles(until=until, urgent=self.urgent, changed=self.changed):
+            cycles = clock.cycles(
+                until=until, urgent=self.urgent, changed=self.changed, nudge=self.nudge
+            )
+            async for cycle in cycles:
                 outcome = await self.decide(cycle, view, services, memory)
                 del cycle  # nor kept while waiting for the next (CycleClock.cycles)
                 if outcome is not None:
@@ -85,6 +105,7 @@ class Workload:
             status=self.status.current(self.body.status),
             annotations=dict(self.body.meta.annotations),
             generation=self.generation,
+            uid=str(self.body.meta.uid or ""),
         )
         try:
             outcome = await reconcile(obj, view, cycle, services, memory, time.time())

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from gpusizer.clock import Cycle, CycleClock
+from gpusizer.clock import Cycle, CycleClock, Nudge
 from gpusizer.signals.parse import PodSamples, Sample
 from gpusizer.signals.queries import GPU_UTIL
 from gpusizer.signals.snapshot import Snapshot
@@ -385,3 +385,49 @@ async def test_a_cycle_names_the_pods_whose_readings_moved_since_the_last() -> N
     assert clock._latest is not None and clock._latest.moved == {("ns", "steady"), ("ns", "jumped")}
     clock.publish(cycle_with({"steady": 51.0, "jumped": 60.0}))
     assert clock._latest.moved == {("ns", "jumped")}
+
+
+def nudged_listener(
+    clock: CycleClock, stop: asyncio.Future[None], nudge: Nudge
+) -> tuple[asyncio.Task[None], asyncio.Queue[float]]:
+    """A workload listening with a nudge: the queue gets the time of each cycle it decides on."""
+    decided: asyncio.Queue[float] = asyncio.Queue()
+
+    async def listen() -> None:
+        with clock.listening():
+            async for each in clock.cycles(until=stop, nudge=nudge):
+                decided.put_nowait(each.snapshot.time)
+
+    return asyncio.create_task(listen()), decided
+
+
+async def test_a_nudge_gives_a_turn_at_once_on_the_latest_cycle(stop: asyncio.Future[None]) -> None:
+    """The activator's push: the workload decides again on the cycle it already decided on,
+    without waiting for the next one (the period here is an hour)."""
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    nudge = Nudge()
+    task, decided = nudged_listener(clock, stop, nudge)
+    clock.publish(cycle(1))
+    assert await asyncio.wait_for(decided.get(), timeout=10) == 1.0
+    await steps_taken()
+    assert decided.empty()
+    nudge()
+    assert await asyncio.wait_for(decided.get(), timeout=10) == 1.0
+    await steps_taken()
+    assert decided.empty(), "one nudge, one turn"
+    stop.set_result(None)
+    await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_nudge_before_a_turn_is_that_turn(stop: asyncio.Future[None]) -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600)
+    nudge = Nudge()
+    nudge()
+    task, decided = nudged_listener(clock, stop, nudge)
+    clock.publish(cycle(1))
+    assert await asyncio.wait_for(decided.get(), timeout=10) == 1.0
+    for _ in range(3):
+        await steps_taken()
+    assert decided.empty(), "the turn on cycle 1 read what the nudge was for"
+    stop.set_result(None)
+    await asyncio.wait_for(task, timeout=10)

@@ -44,6 +44,19 @@ def test_a_workload_changed_when_a_pod_it_read_moved_or_its_spec_changed() -> No
     assert workload.changed(still)
 
 
+def test_an_activator_record_that_changed_asks_for_a_turn_at_once() -> None:
+    body = kopf.Body({})
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", body, logger)
+    record = {"activator.gpusizer.io/a-1": '{"pending": 1}'}
+    workload.activator_pushed({"gpusizer.io/paused": "false", **record})
+    assert workload.nudge.take()
+    workload.activator_pushed({"other": "changed", **record})
+    assert not workload.nudge.take(), "the same records: no turn"
+    workload.activator_pushed({})
+    assert workload.nudge.take(), "a record gone (nothing held any more) is news too"
+
+
 class FirstWriteWaits:
     """A status writer whose first write waits until released, as one does behind thousands
     of others queued for the worker threads."""
