@@ -7,6 +7,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -139,6 +140,13 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "comma-separated]",
     )
     p.add_argument(
+        "--activator-service",
+        default=_env("ACTIVATOR_SERVICE"),
+        help="NAMESPACE/NAME of the activator's Service (`gpusizer activator`): workloads with "
+        "scaleToZero.activator.enabled are routed to its ready replicas while they have none "
+        "of their own; unset: no activator is installed [GPUSIZER_ACTIVATOR_SERVICE]",
+    )
+    p.add_argument(
         "--peering",
         default=_env("PEERING"),
         help="kopf peering name: replicas sharing it elect one active operator; unset runs "
@@ -197,6 +205,17 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpusizer run: {exc}", file=sys.stderr)
         return 2
+    activator_service = None
+    if args.activator_service:
+        namespace, _, name = args.activator_service.partition("/")
+        if not namespace or not name:
+            print(
+                "gpusizer run: --activator-service must be NAMESPACE/NAME, got "
+                f"{args.activator_service!r}",
+                file=sys.stderr,
+            )
+            return 2
+        activator_service = (namespace, name)
     basic_auth = None
     if args.prometheus_basic_auth_user:
         if not args.prometheus_basic_auth_password_file:
@@ -227,11 +246,125 @@ def _run(args: argparse.Namespace) -> int:
         rightsizing_period_seconds=args.rightsizing_period,
         reshape_deadline_seconds=args.reshape_deadline,
         min_reshape_interval_seconds=args.reshape_min_interval,
+        activator_service=activator_service,
     )
     configure_logging(args.log_format, args.log_level)
     if not pin_malloc_mmap_threshold():
         logging.getLogger(__name__).info("not glibc: its malloc is left as it is")
     run_operator(settings, args.namespace, args.health_address)
+    return 0
+
+
+def _add_activator(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "activator",
+        help="start the activator: hold requests for workloads at zero, wake them, forward",
+        description=(
+            "Start the activator. While a workload with scaleToZero.activator.enabled has no "
+            "ready replica, the operator points its Service here: each request is held, the "
+            "operator is told at once, and the requests are forwarded in arrival order when a "
+            "replica is ready. Kubernetes access as for `gpusizer run`. Every flag can also be "
+            "set with the GPUSIZER_* variable named in its help."
+        ),
+    )
+    p.add_argument(
+        "--replica",
+        default=_env("REPLICA") or socket.gethostname(),
+        help="this replica's name (its pod's): the key of what it says it holds on each "
+        "WorkloadSizing; default: the host name [GPUSIZER_REPLICA]",
+    )
+    p.add_argument(
+        "--address",
+        default=_env("ADDRESS", "0.0.0.0"),
+        help="address every port listens on, e.g. the pod's IP [GPUSIZER_ADDRESS]",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("PORT", "8080") or 8080),
+        help="the shared port, routed by Host (service.namespace[.svc...]); each workload also "
+        "gets a port of its own from the operator [GPUSIZER_PORT]",
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=int(_env("HEALTH_PORT", "8081") or 8081),
+        help="port of /healthz and /readyz [GPUSIZER_HEALTH_PORT]",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "9090") or 9090),
+        help="port of the activator's /metrics [GPUSIZER_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[n for n in (_env("NAMESPACES") or "").split(",") if n],
+        help="serve only this namespace's workloads; repeatable; default: all "
+        "[GPUSIZER_NAMESPACES, comma-separated]",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=float(_env("DRAIN_SECONDS", "50") or 50),
+        help="after SIGTERM, how long held requests may wait for a replica (then 503); keep it "
+        "under the pod's terminationGracePeriodSeconds [GPUSIZER_DRAIN_SECONDS]",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("MAX_BODY_BYTES", str(4 * 1024 * 1024)) or 0),
+        help="largest request body held (413 above) [GPUSIZER_MAX_BODY_BYTES]",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=float(_env("HEADER_TIMEOUT", "10") or 10),
+        help="seconds a client has to send its request headers (408 after) "
+        "[GPUSIZER_HEADER_TIMEOUT]",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["json", "plain", "full"],
+        default=_env("LOG_FORMAT", "json"),
+        help="as for `gpusizer run` [GPUSIZER_LOG_FORMAT]",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=_env("LOG_LEVEL", "info"),
+        help="[GPUSIZER_LOG_LEVEL]",
+    )
+    p.set_defaults(func=_activator)
+
+
+def _activator(args: argparse.Namespace) -> int:
+    from gpusizer.activator.main import ActivatorSettings, serve
+    from gpusizer.activator.proxy import ProxySettings
+
+    if args.max_body_bytes < 1 or args.header_timeout <= 0 or args.drain_seconds < 0:
+        print(
+            "gpusizer activator: --max-body-bytes must be >= 1, --header-timeout > 0 and "
+            "--drain-seconds >= 0",
+            file=sys.stderr,
+        )
+        return 2
+    settings = ActivatorSettings(
+        replica=args.replica,
+        address=args.address,
+        shared_port=args.port,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        namespaces=tuple(args.namespace),
+        drain_seconds=args.drain_seconds,
+        proxy=ProxySettings(
+            max_body_bytes=args.max_body_bytes, header_timeout_seconds=args.header_timeout
+        ),
+    )
+    configure_logging(args.log_format, args.log_level)
+    pin_malloc_mmap_threshold()  # request bodies held and freed in bursts: see _run
+    asyncio.run(serve(settings))
     return 0
 
 
@@ -320,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_run(subparsers)
+    _add_activator(subparsers)
     _add_simulate(subparsers)
     _add_recommend(subparsers)
     _add_crds(subparsers)
@@ -349,7 +483,7 @@ def _drop_routine_success_lines(record: logging.LogRecord) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command != "run":  # `run` logs through kopf's handler only, or every line twice
+    if args.command not in ("run", "activator"):  # they log through kopf's handler only
         logging.basicConfig(level=getattr(args, "log_level", "info").upper())
     return int(args.func(args))
 

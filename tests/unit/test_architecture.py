@@ -164,3 +164,32 @@ def test_the_cycle_check_can_fail() -> None:
 
 def test_the_command_line_never_imports_the_kopf_registrations() -> None:
     assert "gpusizer.handlers" not in _import_graph()["gpusizer.cli"]
+
+
+def _reachable(graph: Mapping[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return seen
+
+
+LOOP = {"gpusizer.reconcile", "gpusizer.workload", "gpusizer.clock", "gpusizer.handlers"}
+
+
+@pytest.mark.parametrize(
+    "module",
+    [m for m in _import_graph() if m.startswith("gpusizer.activator")],
+)
+def test_the_activator_never_imports_the_operators_loop(module: str) -> None:
+    """A second process of the package: it shares the API and the routes' rules, never the
+    operator's turn (which would run kopf's registrations and the cycle clock with it)."""
+    assert _reachable(_import_graph(), module) & LOOP == set()
+
+
+def test_the_reachability_check_can_fail() -> None:
+    assert _reachable({"a": {"b"}, "b": {"c"}}, "a") == {"a", "b", "c"}
+    assert "gpusizer.reconcile" in _reachable(_import_graph(), "gpusizer.workload")

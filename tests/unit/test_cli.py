@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gpusizer
 import pytest
-from gpusizer.cli import build_parser
+from gpusizer.cli import build_parser, main
 from gpusizer.settings import read_period_seconds
 
 
@@ -81,3 +81,33 @@ def test_the_read_period_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("GPUSIZER_READ_PERIOD", "2.5")
     args = build_parser().parse_args(["run"])
     assert args.read_period == 2.5
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["activator", "--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
+        (["activator", "--header-timeout", "0"], "--header-timeout > 0"),
+        (
+            ["run", "--prometheus-url", "http://p", "--activator-service", "no-slash"],
+            "NAMESPACE/NAME",
+        ),
+    ],
+)
+def test_bad_activator_settings_are_refused_naming_the_flag(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert complaint in capsys.readouterr().err
+
+
+def test_the_activator_takes_its_name_from_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart sets GPUSIZER_REPLICA from the pod's name (the downward API)."""
+    monkeypatch.setenv("GPUSIZER_REPLICA", "gpusizer-activator-7d9f-x2x4q")
+    monkeypatch.setenv("GPUSIZER_NAMESPACES", "llm,batch")
+    args = build_parser().parse_args(["activator"])
+    assert (args.replica, args.namespace, args.port) == (
+        "gpusizer-activator-7d9f-x2x4q",
+        ["llm", "batch"],
+        8080,
+    )
