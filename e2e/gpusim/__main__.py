@@ -16,6 +16,7 @@ from e2e.gpusim.exposition import ExporterOptions
 from e2e.gpusim.kube import KubeCluster
 from e2e.gpusim.migmanager import MigManager
 from e2e.gpusim.model import ModelConfig
+from e2e.gpusim.openai import OpenAIEndpoints
 from e2e.gpusim.server import GpusimServer, ScrapeTargets
 from e2e.gpusim.sim import Simulator
 
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         oom_backoff_seconds=args.oom_backoff_seconds,
     )
     sim = Simulator(cluster, catalog, config)
+    endpoints = OpenAIEndpoints(sim.served)  # each Ready pod's inference server, at its IP
+    endpoints.start()
+    sim.serve = endpoints.update
     sim.step()
     options = ExporterOptions(
         hostname_label=args.hostname_label, exported_labels=args.exported_labels
@@ -106,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     log.info("serving on http://%s:%d", *server.server_address[:2])
     stop.wait()
     server.shutdown()
+    endpoints.stop()
     cluster.stop()
 
 

@@ -36,6 +36,10 @@ class PodInfo:
     terminating: bool = False
     annotations: Mapping[str, str] = field(default_factory=dict)
     """Deployment annotations over the pod's own: the Deployment wins."""
+    ip: str | None = None
+    """The pod's IP (kwok's, inside 127.0.0.0/8): where its inference server listens."""
+    http_port: int = 8000
+    """The GPU container's port named http, else vLLM's default."""
 
 
 @dataclass(frozen=True)

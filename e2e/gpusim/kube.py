@@ -20,6 +20,7 @@ Obj = dict[str, Any]
 Lookup = Callable[[str], Obj | None]
 # The client would otherwise pick JSON Patch, the first type the API lists.
 STRATEGIC = "application/strategic-merge-patch+json"
+VLLM_PORT = 8000  # vLLM's OpenAI server's default port
 
 
 def _timestamp(epoch: float) -> str:
@@ -132,6 +133,15 @@ def pod_info(
         restart_count=int(mine.get("restartCount") or 0),
         terminating=bool(meta.get("deletionTimestamp")) or phase in ("Succeeded", "Failed"),
         annotations={**(meta.get("annotations") or {}), **owner_annotations},
+        ip=status.get("podIP"),
+        http_port=next(
+            (
+                int(p["containerPort"])
+                for p in container.get("ports") or []
+                if p.get("name") == "http" and p.get("containerPort")
+            ),
+            VLLM_PORT,
+        ),
     )
 
 

@@ -14,7 +14,15 @@ from gpusizer.catalog import Catalog
 from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, WorkloadKey
 from e2e.gpusim.devices import Allocator, Device, devices_of
 from e2e.gpusim.exposition import PodServerReading, View
-from e2e.gpusim.model import MODEL_NAME, LoadModel, ModelConfig, Replica, WorkloadState
+from e2e.gpusim.model import (
+    MODEL_NAME,
+    LoadModel,
+    ModelConfig,
+    Replica,
+    WorkloadState,
+    annotation,
+)
+from e2e.gpusim.openai import DEFAULT_TOKEN_SECONDS, TOKEN_SECONDS, Served, ServingPod
 from e2e.gpusim.telemetry import device_readings
 from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
 
@@ -41,6 +49,10 @@ class Simulator:
         self._assignment: dict[str, list[Device]] = {}
         self._slices: dict[str, str | None] = {}
         self._view = View(devices=[], energy_mj={}, servers=[], workloads={})
+        self.served = Served()  # what the pods' HTTP endpoints answered
+        # opens the inference servers of the pods that serve, before any is marked Ready (as a
+        # readiness probe passes only once the server listens): openai.OpenAIEndpoints.update
+        self.serve: Callable[[list[ServingPod]], None] = lambda _: None
 
     def view(self) -> View:
         """The last tick's view, without the lock: a tick replaces it whole, and a scrape must
@@ -80,6 +92,7 @@ class Simulator:
                 servers=self._servers(pods),
                 workloads=dict(self.model.workloads),
             )
+        self.serve(self.serving())
         for pod in result.mark_ready:
             self._patch(self.source.mark_ready, pod)
         for pod in result.ooms:
@@ -113,6 +126,28 @@ class Simulator:
             )
         return servers
 
+    def serving(self) -> list[ServingPod]:
+        """The pods ready to serve, with an IP: each serves the OpenAI API there (openai.py)."""
+        with self._lock:
+            found = []
+            for uid, pod in self._pods.items():
+                state = self.model.replicas.get(uid)
+                if state is None or not state.ready or not pod.ip:
+                    continue
+                found.append(
+                    ServingPod(
+                        uid=uid,
+                        address=pod.ip,
+                        port=pod.http_port,
+                        workload=pod.workload,
+                        model=pod.annotations.get(MODEL_NAME, pod.workload[1]),
+                        token_seconds=annotation(
+                            pod.annotations, TOKEN_SECONDS, DEFAULT_TOKEN_SECONDS
+                        ),
+                    )
+                )
+            return found
+
     def set_load(self, key: WorkloadKey, rps: float) -> None:
         with self._lock:
             self.model.set_rate(key, ConstantRate(rps))
@@ -124,6 +159,7 @@ class Simulator:
             gone = [key for key in self.model.workloads if key[0] == namespace]
             for key in gone:
                 del self.model.workloads[key]
+        self.served.forget(namespace)
         return sorted(name for _, name in gone)
 
     def replay(self, key: WorkloadKey, trace: Path, speedup: float, scale: float) -> float:
@@ -173,6 +209,7 @@ class Simulator:
                 "readyReplicas": state.ready_replicas,
                 "gatewayPending": state.gateway_pending,
                 "pods": pods,
+                **self.served.describe(key),
             }
 
     def run(
