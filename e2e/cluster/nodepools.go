@@ -73,6 +73,23 @@ func loadNodePools(path string) (*NodePools, error) {
 	return &np, nil
 }
 
+// PodNetwork holds the pods' IPs: a /24 per node, for 512 nodes. The address range is one
+// the Internet never routes (RFC 2544, network benchmarking), and cluster-up.sh routes it to
+// the loopback device (`ip route add local PodNetwork dev lo`), so a process on this host
+// can listen at a pod's IP and nothing sent to one leaves the host. Not 127.0.0.0/8: the
+// API server refuses loopback addresses in EndpointSlices (ValidateEndpointIP in
+// k8s.io/kubernetes pkg/apis/core/validation), and Services must reach these pods.
+const PodNetwork = "198.18.0.0/15"
+
+// podCIDR is node k's share of PodNetwork; nodes past the 512th get one outside it, which
+// nothing on this host can reach (only the scale benchmark has that many).
+func podCIDR(k int) string {
+	if k >= 512 {
+		return fmt.Sprintf("10.%d.%d.0/24", 100+k/256, k%256)
+	}
+	return fmt.Sprintf("198.%d.%d.0/24", 18+k/256, k%256)
+}
+
 // nodes returns the Node objects of every pool, named <pool>-<index>.
 func (np *NodePools) nodes() []*corev1.Node {
 	var out []*corev1.Node
@@ -125,8 +142,8 @@ func (np *NodePools) nodes() []*corev1.Node {
 				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
 				Spec: corev1.NodeSpec{
 					ProviderID: "kwok://" + name,
-					PodCIDR:    fmt.Sprintf("10.%d.%d.0/24", 100+pi, i),
-					PodCIDRs:   []string{fmt.Sprintf("10.%d.%d.0/24", 100+pi, i)},
+					PodCIDR:    podCIDR(len(out)),
+					PodCIDRs:   []string{podCIDR(len(out))},
 					Taints:     p.Taints,
 				},
 				Status: corev1.NodeStatus{

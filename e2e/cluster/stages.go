@@ -10,9 +10,21 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// gpuQuery is a gojq expression, evaluated by kwok's stage selector, that is
-// true when any container of the pod has a limit on an nvidia.com/* resource.
-const gpuQuery = `[.spec.containers[]? | (.resources.limits // {}) | keys[] | select(startswith("nvidia.com/"))] | length > 0`
+// readyElsewhereQuery is a gojq expression, evaluated by kwok's stage selector, that is
+// true for a pod whose readiness kwok must not decide: a GPU pod (any container
+// has a limit on an nvidia.com/* resource: the GPU emulator decides),
+// or when the pod says its readiness is decided elsewhere (the e2e tests run
+// the activator's processes for its pods, and mark them Ready as a kubelet's
+// readiness probe would).
+const readyElsewhereQuery = `([.spec.containers[]? | (.resources.limits // {}) | keys[] | select(startswith("nvidia.com/"))] | length > 0) or ` + externalQuery
+
+// ExternalReadiness is the pod annotation by which a pod's readiness, and the end of
+// its deletion, are left to whoever runs its process on this host: as a kubelet
+// does, it deletes the pod object once the process has exited, so the pod stays
+// Terminating (and its IP taken) while the process drains.
+const ExternalReadiness = "e2e.gpusizer.io/external-readiness"
+
+const externalQuery = `((.metadata.annotations // {})["` + ExternalReadiness + `"] == "true")`
 
 // StagesYAML returns the kwok Stage objects used by the cluster: the ones the
 // pinned kwok module exports (node-initialize, node-heartbeat-with-lease,
@@ -27,7 +39,7 @@ func StagesYAML() string {
 		withGPUSelector(podfast.DefaultPodReady, "NotIn"),
 		gpuRunningStage(),
 		podfast.DefaultPodComplete,
-		podfast.DefaultPodDelete,
+		withSelector(podfast.DefaultPodDelete, externalQuery, "NotIn"),
 	}
 	for i := range docs {
 		docs[i] = strings.TrimSpace(docs[i]) + "\n"
@@ -35,9 +47,14 @@ func StagesYAML() string {
 	return strings.Join(docs, "---\n")
 }
 
-// withGPUSelector adds `gpuQuery <op> ["true"]` to the stage's selector. pod-ready
+// withGPUSelector adds `readyElsewhereQuery <op> ["true"]` to the stage's selector. pod-ready
 // uses NotIn, so a pod on which the query fails still becomes Ready as before.
 func withGPUSelector(stage, op string) string {
+	return withSelector(stage, readyElsewhereQuery, op)
+}
+
+// withSelector adds `query <op> ["true"]` to the stage's selector.
+func withSelector(stage, query, op string) string {
 	var obj map[string]any
 	if err := yaml.Unmarshal([]byte(stage), &obj); err != nil {
 		panic(fmt.Sprintf("kwok stage does not parse: %v", err))
@@ -46,7 +63,7 @@ func withGPUSelector(stage, op string) string {
 	sel := spec["selector"].(map[string]any)
 	exprs, _ := sel["matchExpressions"].([]any)
 	exprs = append(exprs, map[string]any{
-		"key":      gpuQuery,
+		"key":      query,
 		"operator": op,
 		"values":   []any{"true"},
 	})

@@ -48,6 +48,18 @@ mkdir -p "$STATE/logs" "$STATE/prometheus-targets"
 touch "$MARKER"
 t1=$(date +%s.%N)
 
+# The pods' IPs (e2e/cluster/nodepools.go PodNetwork) are routed to the loopback device, so
+# the inference servers and activators run for pods listen there and nothing leaves the
+# host. Once per host; harmless to every other cluster.
+POD_NETWORK=198.18.0.0/15
+if ! ip route show table local 2>/dev/null | grep -q "^local $POD_NETWORK dev lo"; then
+  if ! ip route add local "$POD_NETWORK" dev lo table local 2>/dev/null; then
+    echo "cluster-up: warning: cannot route the pod network $POD_NETWORK to lo (needs" \
+      "CAP_NET_ADMIN): the pods' HTTP endpoints are unreachable (e2e/tests/test_activator.py" \
+      "fails)" >&2
+  fi
+fi
+
 fail() {
   echo "cluster-up: $*" >&2
   for f in "$STATE/logs/up.log" "$STATE/logs/prometheus.log" "$STATE/logs/gpusim.log"; do
