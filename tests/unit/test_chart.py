@@ -86,8 +86,9 @@ def find(objs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> 
     return matches[0]
 
 
-def container(objs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    c: dict[str, Any] = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+def container(objs: Iterable[dict[str, Any]], name: str = RELEASE) -> dict[str, Any]:
+    """The operator's container (or, by its Deployment's name, the activator's)."""
+    c: dict[str, Any] = find(objs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
     return c
 
 
@@ -247,7 +248,7 @@ def test_deploy_kustomization_lists_namespace_and_crd() -> None:
 
 def test_default_deployment_is_hardened() -> None:
     objs = render()
-    deployment = find(objs, "Deployment", "gpusizer")
+    deployment = find(objs, "Deployment", RELEASE)
     spec = deployment["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
@@ -273,16 +274,15 @@ def test_default_deployment_is_hardened() -> None:
     assert c["args"][0] == "run"
     assert not any(a.startswith("--peering") for a in c["args"])
     assert not any(a.startswith("--namespace") for a in c["args"])
-    service = find(objs, "Service")
+    service = find(objs, "Service", f"{RELEASE}-metrics")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def _run_flags() -> set[str]:
+def _flags(command: str = "run") -> set[str]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run = sub.choices["run"]
-    return {s for a in run._actions for s in a.option_strings}
+    return {s for a in sub.choices[command]._actions for s in a.option_strings}
 
 
 @pytest.mark.parametrize(
@@ -301,12 +301,14 @@ def _run_flags() -> set[str]:
     ],
     ids=["default", "everything"],
 )
-def test_every_arg_the_chart_passes_is_a_run_flag(values: dict[str, str]) -> None:
-    args = container(render(**values))["args"]
-    assert args[0] == "run"
-    flags = _run_flags()
-    unknown = [a for a in args[1:] if a.split("=", 1)[0] not in flags]
-    assert not unknown, f"the chart passes flags `gpusizer run` does not have: {unknown}"
+def test_every_arg_the_chart_passes_is_a_flag_of_its_command(values: dict[str, str]) -> None:
+    objs = render(**values)
+    for name, command in ((RELEASE, "run"), (f"{RELEASE}-activator", "activator")):
+        args = container(objs, name)["args"]
+        assert args[0] == command
+        flags = _flags(command)
+        unknown = [a for a in args[1:] if a.split("=", 1)[0] not in flags]
+        assert not unknown, f"the chart passes flags `gpusizer {command}` lacks: {unknown}"
 
 
 def _rules(objs: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -330,8 +332,11 @@ def test_rbac_has_no_wildcards_and_no_secrets(values: dict[str, str]) -> None:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"{where}: wildcard in {field}: {rule}"
         assert "secrets" not in rule["resources"], f"{where}: secrets: {rule}"
+        # it posts events, and writes the EndpointSlices that point Services at the activator
+        used = {"events": {"create"}, "endpointslices": {"create", "delete"}}
+        allowed = used.get(rule["resources"][0], set()) if len(rule["resources"]) == 1 else set()
         assert not {"delete", "deletecollection", "create", "escalate", "bind", "impersonate"} & (
-            set(rule["verbs"]) - ({"create"} if rule["resources"] == ["events"] else set())
+            set(rule["verbs"]) - allowed
         ), f"{where}: a verb the operator never uses: {rule}"
 
 
@@ -404,7 +409,7 @@ def test_every_resource_the_operator_watches_may_be_listed_and_watched(
 
 
 def test_reshape_permission_can_be_turned_off() -> None:
-    granted = grants(find(render(**{"rightSizing.allowReshape": "false"}), "ClusterRole"))
+    granted = grants(find(render(**{"rightSizing.allowReshape": "false"}), "ClusterRole", RELEASE))
     assert ("apps", "deployments", "patch") not in granted
     assert ("apps", "deployments/scale", "update") in granted
 
@@ -414,14 +419,14 @@ def test_namespaced_mode_uses_roles_and_namespace_flags() -> None:
     args = container(objs)["args"]
     assert "--namespace=llm" in args and "--namespace=batch" in args
     for ns in ("llm", "batch"):
-        role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == ns)
-        binding = next(
-            o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] == ns
+        role = find((o for o in objs if o["metadata"].get("namespace") == ns), "Role", RELEASE)
+        binding = find(
+            (o for o in objs if o["metadata"].get("namespace") == ns), "RoleBinding", RELEASE
         )
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"][0]["namespace"] == NAMESPACE
         assert any("workloadsizings/status" in r["resources"] for r in role["rules"])
-    cluster_role = find(objs, "ClusterRole")
+    cluster_role = find(objs, "ClusterRole", RELEASE)
     cluster_resources = {res for r in cluster_role["rules"] for res in r["resources"]}
     # Only what cannot be namespaced stays cluster-wide (see docs/operations.md).
     assert cluster_resources == {
@@ -436,7 +441,7 @@ def test_namespaced_mode_uses_roles_and_namespace_flags() -> None:
 def test_peering_flag_and_objects() -> None:
     objs = render(**{"replicaCount": "2", "peering.enabled": "true"})
     assert "--peering=gpusizer" in container(objs)["args"]
-    assert find(objs, "Deployment")["spec"]["replicas"] == 2
+    assert find(objs, "Deployment", RELEASE)["spec"]["replicas"] == 2
     assert find(objs, "ClusterKopfPeering", "gpusizer")
     namespaced = render(**{"peering.enabled": "true", "watchNamespaces": '["llm"]'})
     peering = find(namespaced, "KopfPeering", "gpusizer")
@@ -462,7 +467,7 @@ def test_prometheus_connection_settings() -> None:
         }
     )
     c = container(objs)
-    pod = find(objs, "Deployment")["spec"]["template"]["spec"]
+    pod = find(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]
     assert "--prometheus-url=https://prom.example:9090" in c["args"]
     assert "--prometheus-bearer-token-file=/etc/gpusizer/prometheus-token/token" in c["args"]
     assert "--prometheus-ca-file=/etc/gpusizer/prometheus-ca/ca.crt" in c["args"]
@@ -502,8 +507,8 @@ def test_catalog_override_is_mounted_and_loads(tmp_path: Path) -> None:
     mount = next(m for m in c["volumeMounts"] if m["name"] == "catalog")
     assert mount["mountPath"] == "/etc/gpusizer/catalog.yaml"
     # A changed override restarts the operator.
-    default = find(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]
-    changed = find(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    default = find(render(), "Deployment", RELEASE)["spec"]["template"]["metadata"]["annotations"]
+    changed = find(objs, "Deployment", RELEASE)["spec"]["template"]["metadata"]["annotations"]
     assert default["checksum/catalog"] != changed["checksum/catalog"]
 
 
@@ -520,7 +525,7 @@ def test_service_monitor_and_prometheus_rule() -> None:
     monitor = find(objs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-    service = find(objs, "Service")
+    service = find(objs, "Service", f"{RELEASE}-metrics")
     assert all(
         service["metadata"]["labels"].get(k) == v
         for k, v in monitor["spec"]["selector"]["matchLabels"].items()
@@ -552,3 +557,80 @@ def test_notes_tell_the_user_what_to_do_next(tmp_path: Path) -> None:
     assert "mode: Recommend" in notes
     assert "helm uninstall" in notes
     assert "serviceMonitor.enabled=true" in notes
+
+
+# --- the activator ---------------------------------------------------------------------------
+
+ACTIVATOR = f"{RELEASE}-activator"
+
+
+def test_the_activator_runs_two_hardened_replicas_behind_a_disruption_budget() -> None:
+    objs = render()
+    deployment = find(objs, "Deployment", ACTIVATOR)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == ACTIVATOR, "its own ServiceAccount, not the operator's"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    c = container(objs, ACTIVATOR)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    drain = next(a for a in c["args"] if a.startswith("--drain-seconds="))
+    assert float(drain.split("=")[1]) < pod["terminationGracePeriodSeconds"]
+    budget = find(objs, "PodDisruptionBudget", ACTIVATOR)
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    service = find(objs, "Service", ACTIVATOR)
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert f"--activator-service={NAMESPACE}/{ACTIVATOR}" in container(objs)["args"]
+
+
+def test_the_activator_may_read_workloads_and_endpoints_and_annotate_workloads_only() -> None:
+    objs = render()
+    assert grants(find(objs, "ClusterRole", ACTIVATOR)) == {
+        ("gpusizer.io", "workloadsizings", "list"),
+        ("gpusizer.io", "workloadsizings", "watch"),
+        ("gpusizer.io", "workloadsizings", "patch"),
+        ("discovery.k8s.io", "endpointslices", "list"),
+        ("discovery.k8s.io", "endpointslices", "watch"),
+    }
+    binding = find(objs, "ClusterRoleBinding", ACTIVATOR)
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": ACTIVATOR, "namespace": NAMESPACE}
+    ]
+    operator = grants(find(objs, "ClusterRole", RELEASE))
+    assert ("discovery.k8s.io", "endpointslices", "create") in operator
+    assert ("discovery.k8s.io", "endpointslices", "watch") not in operator, "only in its own ns"
+    replicas = grants(find(objs, "Role", f"{RELEASE}-activator-replicas"))
+    assert replicas == {
+        ("discovery.k8s.io", "endpointslices", "list"),
+        ("discovery.k8s.io", "endpointslices", "watch"),
+    }
+
+
+def test_the_activator_in_namespaced_mode_has_roles_and_namespace_flags() -> None:
+    objs = render(watchNamespaces='["llm","batch"]')
+    assert not [
+        o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == ACTIVATOR
+    ]
+    for ns in ("llm", "batch"):
+        role = next(
+            o
+            for o in objs
+            if o["kind"] == "Role"
+            and o["metadata"]["name"] == ACTIVATOR
+            and o["metadata"]["namespace"] == ns
+        )
+        assert ("gpusizer.io", "workloadsizings", "patch") in grants(role)
+        assert f"--namespace={ns}" in container(objs, ACTIVATOR)["args"]
+
+
+def test_the_activator_can_be_left_out() -> None:
+    objs = render(**{"activator.enabled": "false"})
+    assert not [o for o in objs if "activator" in o["metadata"]["name"]]
+    assert not any(a.startswith("--activator-service") for a in container(objs)["args"])
+    operator = grants(find(objs, "ClusterRole", RELEASE))
+    assert not {r for _, r, _ in operator} & {"endpointslices", "services"}
