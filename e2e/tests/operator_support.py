@@ -26,11 +26,14 @@ OPERATOR_NAMESPACE = "gpusizer-system"
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
-def service_account_kubeconfig(cluster: Cluster, path: Path, server: str | None = None) -> Path:
-    """A kubeconfig holding a fresh token of the operator's ServiceAccount, for the API server
-    at ``server`` (e.g. a proxy in front of it; default: the admin kubeconfig's)."""
+def service_account_kubeconfig(
+    cluster: Cluster, path: Path, server: str | None = None, service_account: str = "gpusizer"
+) -> Path:
+    """A kubeconfig holding a fresh token of the operator's ServiceAccount (or another of its
+    namespace), for the API server at ``server`` (e.g. a proxy in front of it; default: the
+    admin kubeconfig's)."""
     token = cluster.kubectl(
-        "create", "token", "gpusizer", "-n", OPERATOR_NAMESPACE, "--duration=24h"
+        "create", "token", service_account, "-n", OPERATOR_NAMESPACE, "--duration=24h"
     ).stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     endpoint = dict(admin["clusters"][0]["cluster"])
@@ -77,12 +80,14 @@ def deployment_manifest(
     memory_mib: int = 16000,
     startup_seconds: float = 2,
     labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A vLLM Deployment of GPU pods, with the emulator's annotations for its load model."""
     annotations = {
         "gpusim.gpusizer.io/capacity-rps": str(capacity_rps),
         "gpusim.gpusizer.io/memory-mib": str(memory_mib),
         "gpusim.gpusizer.io/startup-seconds": str(startup_seconds),
+        **(annotations or {}),
     }
     return {
         "apiVersion": "apps/v1",
@@ -194,6 +199,9 @@ class Operator:
             f"127.0.0.1:{self.health_port}",
             "--log-format",
             "full",
+            # the activator's Service as deploy/ names it (test_activator.py runs its pods)
+            "--activator-service",
+            f"{OPERATOR_NAMESPACE}/gpusizer-activator",
             *self.extra_args,
         ]
         with log_path.open("wb") as log:
