@@ -12,7 +12,7 @@ from gpusizer.sim import command
 from gpusizer.sim.controllers import GpusizerController, StaticController
 from gpusizer.sim.fleet import FleetParams, FleetView, simulate, tick_arrivals
 from gpusizer.sim.optimal import _sliding_max, optimal_schedule
-from gpusizer.sim.replay import load_spec, replay
+from gpusizer.sim.replay import load_spec, replay, with_activator
 from gpusizer.sim.trace import Trace, load_trace
 
 
@@ -138,6 +138,31 @@ def test_a_gateway_holds_requests_and_shows_them_as_wake_demand() -> None:
     assert max(v.wake_demand for v in recorder.views) == pytest.approx(10.0)
     assert all(v.queue_total is None for v in recorder.views[1:11])  # no server to report
     assert run.within_slo == pytest.approx(55.0, abs=1.0)  # the first 10 s waited > 5 s
+
+
+def test_the_activator_holds_up_to_its_bound_and_refuses_the_rest() -> None:
+    """20 req/s for 10 s at zero, a 10 s start-up, room for 50: 150 of the 200 refused."""
+    params = FleetParams(
+        capacity_rps=100.0, startup_seconds=10.0, drop_after_seconds=60.0, max_held=50.0
+    )
+    run = simulate(tick_arrivals(constant(20.0, 10), 1.0), params, Recorder(1, holds=True), 0)
+    assert run.dropped == pytest.approx(150.0, abs=1.0)
+
+
+def test_the_activator_answers_504_past_its_hold_timeout() -> None:
+    """1 req/s for 30 s at zero, a 20 s start-up, held 8 s at most: what waited longer went."""
+    params = FleetParams(
+        capacity_rps=100.0, startup_seconds=20.0, drop_after_seconds=60.0, hold_timeout_seconds=8.0
+    )
+    run = simulate(tick_arrivals(constant(1.0, 30), 1.0), params, Recorder(1, holds=True), 0)
+    assert run.dropped == pytest.approx(12.0, abs=1.0)  # those that came in the first 12 s
+
+
+def test_the_default_spec_holds_with_the_activator_and_its_bounds() -> None:
+    spec = load_spec(None)
+    params = with_activator(FleetParams(capacity_rps=1.0), spec)
+    assert spec.scale_to_zero.activator.enabled
+    assert (params.max_held, params.hold_timeout_seconds) == (2000.0, 600.0)
 
 
 def test_start_up_delay_is_paid_from_the_request() -> None:

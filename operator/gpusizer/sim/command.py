@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         default_tick,
         load_spec,
         replay,
+        with_activator,
     )
     from gpusizer.sim.trace import load_trace
 
@@ -116,14 +118,17 @@ def run(args: argparse.Namespace) -> int:
     if args.bin_seconds:
         trace = trace.rebinned(args.bin_seconds)
     capacity = args.capacity_rps or capacity_for_peak(trace, args.peak_replicas)
-    params = FleetParams(
-        capacity_rps=capacity,
-        startup_seconds=args.startup_seconds,
-        slo_wait_seconds=args.slo_wait_seconds,
-        drop_after_seconds=args.drop_after_seconds,
-        metric_delay_seconds=args.metric_delay_seconds,
-        tick_seconds=args.tick_seconds or default_tick(trace),
-        kernel_active_utilization=args.gpu_utilization == "kernel-active",
+    params = with_activator(
+        FleetParams(
+            capacity_rps=capacity,
+            startup_seconds=args.startup_seconds,
+            slo_wait_seconds=args.slo_wait_seconds,
+            drop_after_seconds=args.drop_after_seconds,
+            metric_delay_seconds=args.metric_delay_seconds,
+            tick_seconds=args.tick_seconds or default_tick(trace),
+            kernel_active_utilization=args.gpu_utilization == "kernel-active",
+        ),
+        spec,
     )
     quiet = args.quiet or not sys.stderr.isatty()
     results = replay(
@@ -142,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
         "slo_wait_seconds": params.slo_wait_seconds,
         "drop_after_seconds": params.drop_after_seconds,
         "metric_delay_seconds": params.metric_delay_seconds,
+        "activator_max_held": None if math.isinf(params.max_held) else params.max_held,
+        "activator_hold_timeout_seconds": (
+            None if math.isinf(params.hold_timeout_seconds) else params.hold_timeout_seconds
+        ),
         "bin_seconds": trace.bin_seconds,
         "tick_seconds": params.tick_seconds,
         "gpu_utilization": args.gpu_utilization,

@@ -4,10 +4,12 @@ The model, in the order a tick applies it:
 
 - A replica requested at t serves from t + startup; it holds (and costs) a GPU from t.
   Scaling down removes starting replicas first (the newest), then ready ones.
-- Arrivals are spread evenly inside the tick. With no ready replica they wait at the gateway if
-  the controller has one (`holds_requests`), else they are refused: dropped at once.
+- Arrivals are spread evenly inside the tick. With no ready replica they wait at the activator
+  if the controller has one (`holds_requests`), up to `max_held` (its maxPendingRequests times
+  its replicas; the rest are refused, answered 503), else they are refused: dropped at once.
 - Service is a fluid: ready x capacity x tick requests leave the head of the queue.
-- A request still waiting drop_after_seconds after it arrived is dropped (the client gave up).
+- A request still waiting drop_after_seconds after it arrived is dropped (the client gave up);
+  with an activator, also one still waiting hold_timeout_seconds after (answered 504).
 - FIFO makes waits exact without tracking requests: the request that made admitted(t) reach x
   has started service by t + slo iff removed(t + slo) >= x, so the share served within the SLO
   is read off the two cumulative curves afterwards, in numpy.
@@ -51,6 +53,8 @@ class FleetParams:
     # GPU utilisation as the busy share (served / capacity), or as DCGM_FI_DEV_GPU_UTIL reads on
     # an LLM server: the share of time a kernel runs, which one request in flight fills
     kernel_active_utilization: bool = False
+    max_held: float = math.inf  # what the activator holds while no replica is ready
+    hold_timeout_seconds: float = math.inf  # a request held longer is answered 504
 
 
 @dataclass(frozen=True)
@@ -123,10 +127,13 @@ def simulate(
     per_replica = params.capacity_rps * dt
     delay = round(params.metric_delay_seconds / dt)
     window = max(1, round(params.metric_window_seconds / dt))
-    drop_lag = params.drop_after_seconds / dt
     rate_window = max(1, round(params.rate_window_seconds / dt))
     holds = controller.holds_requests
     measured_startup: float | None = None
+    gives_up = params.drop_after_seconds
+    if holds:
+        gives_up = min(gives_up, params.hold_timeout_seconds)
+    drop_lag = gives_up / dt
 
     ready = initial_replicas
     starting: deque[float] = deque()
@@ -193,6 +200,9 @@ def simulate(
             cold += arriving
             if not holds:
                 refused, arriving = arriving, 0.0
+            else:  # held by the activator, within its bound
+                room = max(0.0, params.max_held - queue)
+                refused, arriving = max(0.0, arriving - room), min(arriving, room)
         backlog = queue + arriving
         served = min(backlog, ready * per_replica)
         queue = backlog - served

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,27 @@ from gpusizer.sim.trace import Trace
 
 # The simulator's default WorkloadSizing: the API defaults plus the targets a user must choose.
 # 85 % leaves 15 % headroom, enough for the smooth traces' growth over a 2 min start-up (see
-# docs/simulate.md for the sweep); 100 replicas is KEDA's default maxReplicaCount.
+# docs/simulate.md for the sweep); 100 replicas is KEDA's default maxReplicaCount. Requests
+# that arrive at zero are held by the activator, with its default bounds.
 DEFAULT_SPEC: dict[str, Any] = {
     "targetRef": {"name": "replayed"},
     "replicas": {"min": 0, "max": 100, "targetGPUUtilization": 85, "targetQueuePerReplica": 4},
-    "scaleToZero": {"enabled": True, "wakeQuery": "sum(gateway_pending_requests)"},
+    "scaleToZero": {"enabled": True, "activator": {"enabled": True}},
 }
+ACTIVATOR_REPLICAS = 2  # the chart's and deploy/'s; maxPendingRequests bounds each
+
+
+def with_activator(params: FleetParams, spec: WorkloadSizingSpec) -> FleetParams:
+    """The fleet with the spec's activator bounds, when it uses one (a wakeQuery's gateway is
+    taken to hold without bound)."""
+    activator = spec.scale_to_zero.activator
+    if not activator.enabled:
+        return params
+    return replace(
+        params,
+        max_held=float(activator.max_pending_requests * ACTIVATOR_REPLICAS),
+        hold_timeout_seconds=float(activator.hold_timeout_seconds),
+    )
 
 
 @dataclass(frozen=True)
