@@ -381,11 +381,21 @@ def test_kubectl_apply_install_twice_then_delete(
         ("deployment", "gpusizer", "-n", OPERATOR_NAMESPACE),
     ]
     installed = uids(cluster, objects)
+    budget = get(cluster, "poddisruptionbudget", "gpusizer-activator", "-n", OPERATOR_NAMESPACE)
 
     second = cluster.kubectl("apply", "-k", str(DEPLOY))
     lines = [line for line in second.stdout.splitlines() if line.strip()]
-    assert lines and all(line.endswith(" unchanged") for line in lines), second.stdout
+    # kubectl reports a PodDisruptionBudget "configured" at every client-side apply: its
+    # selector's patch strategy is replace, so the patch it computes is never empty. Its
+    # generation says whether anything changed.
+    pdb = "poddisruptionbudget.policy/gpusizer-activator configured"
+    assert lines and all(x.endswith(" unchanged") or x == pdb for x in lines), second.stdout
     assert uids(cluster, objects) == installed
+    again_budget = get(
+        cluster, "poddisruptionbudget", "gpusizer-activator", "-n", OPERATOR_NAMESPACE
+    )
+    assert budget is not None and again_budget is not None
+    assert again_budget["metadata"]["generation"] == budget["metadata"]["generation"]
     again = get(cluster, "deployment", "gpusizer", "-n", OPERATOR_NAMESPACE)
     assert again is not None and again["metadata"]["generation"] == dep["metadata"]["generation"]
 
