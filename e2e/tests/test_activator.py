@@ -287,7 +287,8 @@ def test_a_rolling_restart_of_the_activator_with_requests_held_loses_none(
         what="two new activator replicas",
     )
     count = len(answers)
-    assert summary(answers) == {"requests": count, "ok": count, "failed": {}}
+    failed = [f"{a.rid} via {a.endpoints}: {a.error}" for a in answers if not a.ok]
+    assert summary(answers) == {"requests": count, "ok": count, "failed": {}}, failed[:5]
     drained = [a for a in answers if a.endpoints[-1].split(":")[0] in old_ips]
     assert drained, "some were held by a replica that drained, and forwarded from it"
     assert len(drained) < count, "the later ones went to the new replicas"
