@@ -15,11 +15,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from gpusizer.activator import metrics as activator_metrics
 from gpusizer.activator.main import Activator, ActivatorSettings
 from gpusizer.activator.proxy import ProxySettings
 from gpusizer.activator.pusher import Pusher
 from gpusizer.activator.registry import Registry, host_key
 from gpusizer.api.annotations import HeldRecord, held_key
+from prometheus_client import generate_latest
 
 from tests.support import free_port
 
@@ -535,3 +537,14 @@ async def test_memory_stays_flat_over_requests_held_and_released() -> None:
             grown = rss_bytes() - before
     # a leak of 1 KiB a request would be 2 MiB here
     assert grown < 1024 * 1024, f"grew {grown / 1024:.0f} KiB over 2,000 requests"
+
+
+async def test_a_workload_the_activator_no_longer_serves_keeps_no_series() -> None:
+    async with running() as harness:
+        harness.replica_ready()
+        assert (await harness.post("r0"))[0] == 200
+        exposition = generate_latest(activator_metrics.REGISTRY).decode()
+        assert f'namespace="{NS}",outcome="proxied",workload="{NAME}"' in exposition
+        harness.activator.registry.workload_changed("DELETED", sizing(harness.port))
+        exposition = generate_latest(activator_metrics.REGISTRY).decode()
+        assert f'workload="{NAME}"' not in exposition

@@ -52,7 +52,12 @@ class Activator:
     def __init__(self, settings: ActivatorSettings, patch: Patch) -> None:
         self.settings = settings
         self.pusher = Pusher(settings.replica, patch)
-        self.registry = Registry(self._held_changed, self._ports_changed, self.pusher.sweep)
+        self.registry = Registry(
+            self._held_changed,
+            self._ports_changed,
+            self.pusher.sweep,
+            lambda workload: metrics.forget(*workload.route.key),
+        )
         self.proxy = Proxy(self.registry, settings.proxy)
         self._ports: asyncio.Queue[frozenset[int]] = asyncio.Queue()
         self._stop = threading.Event()

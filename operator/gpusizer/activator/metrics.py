@@ -3,6 +3,8 @@ the process imports modules that register the operator's series, which it does n
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry()
@@ -29,6 +31,30 @@ HOLD_SECONDS = Histogram(
     buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
     registry=REGISTRY,
 )
+OUTCOMES = (
+    "proxied",
+    "released",
+    "full",
+    "hold_timeout",
+    "workload_gone",
+    "draining",
+    "client_gone",
+    "bad_gateway",
+)
+
+
+def forget(namespace: str, workload: str) -> None:
+    """A workload the activator no longer serves keeps no series."""
+    series: list[tuple[Gauge | Counter | Histogram, tuple[str, ...]]] = [
+        (PENDING, ()),
+        (HOLD_SECONDS, ()),
+        *((REQUESTS, (outcome,)) for outcome in OUTCOMES),
+    ]
+    for family, more in series:
+        with contextlib.suppress(KeyError):  # never labelled with it
+            family.remove(namespace, workload, *more)
+
+
 REFUSED = Counter(
     "gpusizer_activator_refused_requests",
     "Requests refused before they were held or forwarded: not_found (no workload on that port "

@@ -49,11 +49,13 @@ class Registry:
         changed: Callable[[Workload], None],
         opened: Callable[[frozenset[int]], None],
         swept: Callable[[WorkloadKey, tuple[str, ...]], None] = lambda *_: None,
+        removed: Callable[[Workload], None] = lambda _: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._changed = changed  # a workload's held requests changed
         self._opened = opened
         self._swept = swept
+        self._removed = removed
         self._clock = clock
         self.workloads: dict[WorkloadKey, Workload] = {}
         self._by_port: dict[int, Workload] = {}
@@ -133,6 +135,7 @@ class Registry:
             return
         self._unindex(workload, workload.route)
         workload.close(f"{why} while this request was held")
+        self._removed(workload)
         self._opened(self.ports())
 
     # --- EndpointSlices -------------------------------------------------------------------
