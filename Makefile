@@ -118,6 +118,12 @@ demo: venv prometheus cluster-binary ## The main job: the operator on the local 
 bench-decision-quality: venv ## Frontiers of gpusizer, HPA and KEDA over knob sweeps, shared and generated traces
 	$(PY) bench/decision_quality.py
 
+ACTIVATOR_OUT ?= bench-activator.json
+
+.PHONY: bench-activator
+bench-activator: venv prometheus cluster-binary ## Activator on the local cluster: wake latency, loss, overhead (ACTIVATOR_OUT=bench-activator.json)
+	$(PY) bench/activator.py --out $(ACTIVATOR_OUT)
+
 # variables, not $(or ...): a function splits its arguments at the commas of the list
 SIZES ?= 100,1000,5000
 OUT ?= bench-scale.json

@@ -29,3 +29,9 @@ def test_bench_scale_runs_every_size_by_default() -> None:
 def test_bench_scale_takes_the_sizes_and_file_asked_for() -> None:
     command = dry_run("bench-scale", "SIZES=1000,5000", "OUT=/tmp/figures.json")
     assert "--sizes 1000,5000 --out /tmp/figures.json" in command
+
+
+def test_bench_activator_writes_its_figures_where_asked() -> None:
+    assert "bench/activator.py --out bench-activator.json" in dry_run("bench-activator")
+    command = dry_run("bench-activator", "ACTIVATOR_OUT=/tmp/activator.json")
+    assert command.endswith("bench/activator.py --out /tmp/activator.json")
