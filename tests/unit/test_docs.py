@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gpusizer.activator import metrics as activator_metrics
 from gpusizer.report import metrics
 from gpusizer.vocabulary import ConditionType, Reason
 from prometheus_client.metrics import MetricWrapperBase
@@ -32,9 +33,10 @@ def promtool() -> str:
 
 
 def exported_metrics() -> dict[str, str]:
-    """Series name -> type for everything in gpusizer.report.metrics."""
+    """Series name -> type for everything in gpusizer.report.metrics (the operator's) and
+    gpusizer.activator.metrics (the activator's)."""
     out: dict[str, str] = {}
-    for value in vars(metrics).values():
+    for value in [*vars(metrics).values(), *vars(activator_metrics).values()]:
         if isinstance(value, MetricWrapperBase | metrics.WorkloadCollector):
             for family in value.describe():
                 name = family.name
