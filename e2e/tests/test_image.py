@@ -40,8 +40,8 @@ CHART = REPO / "charts" / "gpusizer"
 CHART_VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 CHART_USER = int(CHART_VALUES["runAsUser"])
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-# Every command the image serves; the activator's joins this list once it exists.
-COMMANDS = ["run", "simulate", "recommend", "crds"]
+# Every command the image serves.
+COMMANDS = ["run", "activator", "simulate", "recommend", "crds"]
 # A price no default has, so a cost computed from it proves the override was read.
 CATALOG_OVERRIDE = {"products": {"h100-80gb": {"price_per_hour": 4.25}}}
 COMPILERS = ["cc", "gcc", "c++", "g++", "clang", "ld", "as", "make", "rustc", "go"]

@@ -451,9 +451,9 @@ def test_peering_flag_and_objects() -> None:
 
 
 def test_host_network_is_off_unless_asked_for() -> None:
-    pod = find(render(), "Deployment")["spec"]["template"]["spec"]
+    pod = find(render(), "Deployment", RELEASE)["spec"]["template"]["spec"]
     assert "hostNetwork" not in pod and "dnsPolicy" not in pod
-    pod = find(render(hostNetwork="true"), "Deployment")["spec"]["template"]["spec"]
+    pod = find(render(hostNetwork="true"), "Deployment", RELEASE)["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet", "cluster DNS stays reachable"
 
@@ -586,6 +586,14 @@ def test_the_activator_runs_two_hardened_replicas_behind_a_disruption_budget() -
     service = find(objs, "Service", ACTIVATOR)
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     assert f"--activator-service={NAMESPACE}/{ACTIVATOR}" in container(objs)["args"]
+    assert pod["enableServiceLinks"] is False, "GPUSIZER_METRICS_PORT=tcp://... from a Service"
+    # the operator's Deployment and metrics Service never select the activator's pods
+    labels = spec["template"]["metadata"]["labels"]
+    for selector in (
+        find(objs, "Deployment", RELEASE)["spec"]["selector"]["matchLabels"],
+        find(objs, "Service", f"{RELEASE}-metrics")["spec"]["selector"],
+    ):
+        assert not selector.items() <= labels.items(), selector
 
 
 def test_the_activator_may_read_workloads_and_endpoints_and_annotate_workloads_only() -> None:

@@ -13,6 +13,14 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Labels that select the activator's pods: a name of their own, so the operator's
+Deployment and metrics Service, which select by the chart's name, never match them. */}}
+{{- define "gpusizer.activatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-activator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: activator
+{{- end -}}
+
 {{/* Labels on every object. helm.sh/chart and managed-by are the only Helm-specific ones
 (the plain manifests in deploy/ carry the rest). */}}
 {{- define "gpusizer.labels" -}}
