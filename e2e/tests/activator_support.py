@@ -19,6 +19,7 @@ import copy
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -41,6 +42,9 @@ ACTIVATOR = "gpusizer-activator"
 EXTERNAL_READINESS = "e2e.gpusizer.io/external-readiness"
 SELECTOR = "app.kubernetes.io/component=activator"
 PROBE_SECONDS = 0.2  # the manifests' readinessProbe says 2 s; the tests do not wait for it
+# SIGKILL when the thread that started it (the kubelet's loop) ends: a session killed before
+# its fixtures' teardown would otherwise leave processes listening at pod IPs
+DIE_WITH_THE_SESSION = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
 
 
 def activator_manifests() -> list[dict[str, Any]]:
@@ -175,6 +179,8 @@ class ActivatorPods:
         log = self.workdir / f"{name}-{self.starts}.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "GPUSIZER_REPLICA": name}
         command = [
+            # it goes with the test session, however that ends, as a pod's with its node
+            *DIE_WITH_THE_SESSION,
             str(REPO / ".venv" / "bin" / "gpusizer"),
             *spec["args"],
             f"--address={ip}",
