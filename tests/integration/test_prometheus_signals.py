@@ -216,13 +216,14 @@ async def test_kv_cache_and_served_request_rate_from_vllm_series(
     prometheus: str, exporter: Exporter
 ) -> None:
     def vllm(counter: int, at: float) -> str:
-        labels = 'namespace="llm",pod="a",model_name="m",engine="0"'
+        labels = 'namespace="llm",pod="kv",model_name="m",engine="0"'
         return stamped(f"vllm:kv_cache_usage_perc{{{labels}}} 0.6", at) + stamped(
             f'vllm:request_success_total{{{labels},finished_reason="stop"}} {counter}', at
         )
 
     now = time.time()
-    body = whole("a", "50") + queue("a", "0")
+    # a pod of its own: an earlier test left a stamped series of pod a that never goes stale
+    body = whole("kv", "50") + queue("kv", "0")
     exporter.set(body + vllm(100, now - 40))
     exporter.set(body + vllm(160, now - 10))  # 60 requests in 30 s: 2 per second
     source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
@@ -233,7 +234,7 @@ async def test_kv_cache_and_served_request_rate_from_vllm_series(
             "replicas": {"min": 1, "max": 8, "targetGPUUtilization": 70, "targetKVCacheUsage": 0.8},
         }
     )
-    got = workload_signals(kv_spec, pods("a"), snapshot, time.time())
+    got = workload_signals(kv_spec, pods("kv"), snapshot, time.time())
     assert got.problems == ()
     assert got.signals.kv_cache_usage == pytest.approx(0.6)
     # rate() extrapolates the two samples towards the window's edges
