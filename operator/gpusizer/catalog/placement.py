@@ -64,34 +64,50 @@ def named_layout(product: GPUProduct, name: str) -> list[str] | None:
     return layout if layout and layout_is_valid(product, layout) else None
 
 
-def _counts(product: GPUProduct, layout_name: str, gpus_per_node: int) -> dict[str, int]:
+def _named_gpus(
+    product: GPUProduct, layout_name: str, gpus_per_node: int
+) -> list[tuple[str, ...] | None]:
     layout = named_layout(product, layout_name)
     if layout is None:
         raise ValueError(f"layout {layout_name!r} does not fit a {product.gfd_label}")
     if gpus_per_node < 0:
         raise ValueError("gpus_per_node must not be negative")
+    return [tuple(layout) if layout else None] * gpus_per_node
+
+
+def resources_for_gpus(layouts: Sequence[Sequence[str] | None]) -> dict[str, int]:
+    """Allocatable extended resources (mixed strategy) of a node whose GPUs have these layouts:
+    None is a GPU with MIG disabled, a sequence its MIG instances."""
     counts: dict[str, int] = {}
-    for profile in layout:
-        counts[profile] = counts.get(profile, 0) + gpus_per_node
+    for layout in layouts:
+        names = [GPU_RESOURCE] if layout is None else [f"nvidia.com/mig-{p}" for p in layout]
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def labels_for_gpus(product: GPUProduct, layouts: Sequence[Sequence[str] | None]) -> dict[str, str]:
+    """GFD's `nvidia.com/mig-<p>.count` and `.memory` node labels for these GPU layouts."""
+    labels: dict[str, str] = {}
+    mig = product.mig
+    for resource, n in resources_for_gpus(layouts).items():
+        if resource == GPU_RESOURCE:
+            continue
+        assert mig is not None  # a MIG instance implies MIG
+        profile = resource.removeprefix("nvidia.com/mig-")
+        labels[f"nvidia.com/mig-{profile}.count"] = str(n)
+        labels[f"nvidia.com/mig-{profile}.memory"] = str(mig.profiles[profile].memory_mib)
+    return labels
 
 
 def resources_for_layout(
     product: GPUProduct, layout_name: str, gpus_per_node: int
 ) -> dict[str, int]:
     """Allocatable extended resources of a node (mixed strategy) with this layout on every GPU."""
-    counts = _counts(product, layout_name, gpus_per_node)
-    if not counts:
-        return {GPU_RESOURCE: gpus_per_node}
-    return {f"nvidia.com/mig-{profile}": n for profile, n in counts.items()}
+    resources = resources_for_gpus(_named_gpus(product, layout_name, gpus_per_node))
+    return resources or {GPU_RESOURCE: 0}
 
 
 def labels_for_layout(product: GPUProduct, layout_name: str, gpus_per_node: int) -> dict[str, str]:
     """GFD's `nvidia.com/mig-<p>.count` and `.memory` node labels for the layout."""
-    labels: dict[str, str] = {}
-    mig = product.mig
-    for profile, n in _counts(product, layout_name, gpus_per_node).items():
-        assert mig is not None  # a non-empty layout implies MIG
-        labels[f"nvidia.com/mig-{profile}.count"] = str(n)
-        labels[f"nvidia.com/mig-{profile}.memory"] = str(mig.profiles[profile].memory_mib)
-    return labels
+    return labels_for_gpus(product, _named_gpus(product, layout_name, gpus_per_node))
