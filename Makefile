@@ -53,10 +53,13 @@ lint: venv ## ruff (lint and format check) and mypy strict on the package
 	$(BIN)/mypy
 
 .PHONY: crds
-crds: venv ## Regenerate crds/ and deploy/crd.yaml from the pydantic models
+crds: venv ## Regenerate crds/, deploy/crd*.yaml and the chart's CRDs from the pydantic models
 	$(BIN)/gpusizer crds > crds/gpusizer.io_workloadsizings.yaml
 	cp crds/gpusizer.io_workloadsizings.yaml deploy/crd.yaml
 	cp crds/gpusizer.io_workloadsizings.yaml charts/gpusizer/crds/gpusizer.io_workloadsizings.yaml
+	$(BIN)/gpusizer crds --kind GPUPartitioning > crds/gpusizer.io_gpupartitionings.yaml
+	cp crds/gpusizer.io_gpupartitionings.yaml deploy/crd-gpupartitionings.yaml
+	cp crds/gpusizer.io_gpupartitionings.yaml charts/gpusizer/crds/gpusizer.io_gpupartitionings.yaml
 	$(PY) scripts/gen_api_docs.py > docs/api-reference.md
 
 .PHONY: unit

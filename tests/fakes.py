@@ -15,9 +15,11 @@ from gpusizer.actuate.target_view import (
     TargetProblem,
     TargetView,
 )
+from gpusizer.api.partitioning import REPARTITION_ANNOTATION, REPARTITION_FAILURE_ANNOTATION
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog import load_catalog
 from gpusizer.cluster import WorkloadObject
+from gpusizer.partition.objects import ConfigMapRef, GpuNode, PartitionProblem
 from gpusizer.ports import MetricsSource, RouteClient, TargetClient
 from gpusizer.reconcile import Services
 from gpusizer.rightsizing import RightSizer
@@ -211,3 +213,79 @@ def workload(
     return WorkloadObject(
         namespace, name, spec, status or {}, annotations or {}, generation, uid=f"uid-{name}"
     )
+
+
+def _merged(base: Mapping[str, str], patch: Mapping[str, str | None] | None) -> dict[str, str]:
+    out = dict(base)
+    for key, value in (patch or {}).items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass
+class FakeNodes:
+    """A NodeClient over nodes by name and one mig-parted ConfigMap. Patches change the stored
+    nodes as the API server would; `refuse` maps a pod (namespace/name) to why a
+    PodDisruptionBudget refuses its eviction; `fail` makes the named call (patch, evict, read,
+    write) raise; `config` None is a ConfigMap that does not exist."""
+
+    nodes: dict[str, GpuNode] = field(default_factory=dict)
+    config: str | None = ""
+    version: int = 1
+    refuse: dict[str, str] = field(default_factory=dict)
+    fail: dict[str, str] = field(default_factory=dict)
+    patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+
+    async def patch_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        unschedulable: bool | None = None,
+    ) -> None:
+        if "patch" in self.fail:
+            raise PartitionProblem(self.fail["patch"])
+        self.patches.append(
+            (name, {"labels": labels, "annotations": annotations, "unschedulable": unschedulable})
+        )
+        node = self.nodes[name]
+        kept = {REPARTITION_ANNOTATION: node.record, REPARTITION_FAILURE_ANNOTATION: node.failure}
+        now = _merged({k: v for k, v in kept.items() if v is not None}, annotations)
+        self.nodes[name] = replace(
+            node,
+            labels=_merged(node.labels, labels),
+            unschedulable=node.unschedulable if unschedulable is None else unschedulable,
+            record=now.get(REPARTITION_ANNOTATION),
+            failure=now.get(REPARTITION_FAILURE_ANNOTATION),
+        )
+
+    async def evict(self, namespace: str, name: str) -> str | None:
+        if "evict" in self.fail:
+            raise PartitionProblem(self.fail["evict"])
+        key = f"{namespace}/{name}"
+        if key in self.refuse:
+            return self.refuse[key]
+        self.evicted.append(key)
+        return None
+
+    async def read_config(self, ref: ConfigMapRef) -> tuple[str | None, str]:
+        if "read" in self.fail:
+            raise PartitionProblem(self.fail["read"])
+        if self.config is None:
+            raise PartitionProblem(f'configmaps "{ref.name}" not found')
+        return self.config or None, str(self.version)
+
+    async def write_config(self, ref: ConfigMapRef, text: str, resource_version: str) -> str:
+        if "write" in self.fail:
+            raise PartitionProblem(self.fail["write"])
+        if resource_version != str(self.version):
+            raise PartitionProblem("the object has been modified")
+        self.config, self.version = text, self.version + 1
+        self.writes.append(text)
+        return str(self.version)

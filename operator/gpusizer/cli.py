@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from gpusizer import __version__
-from gpusizer.settings import DEFAULT_READ_PERIOD_SECONDS
+from gpusizer.settings import DEFAULT_MIG_CONFIG_MAP, DEFAULT_READ_PERIOD_SECONDS
 
 ENV_PREFIX = "GPUSIZER_"
 # `recommend` lists every pod of the cluster in one request: a large cluster's list can take
@@ -107,6 +107,14 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "[GPUSIZER_RESHAPE_MIN_INTERVAL]",
     )
     p.add_argument(
+        "--mig-config-map",
+        default=_env("MIG_CONFIG_MAP", DEFAULT_MIG_CONFIG_MAP),
+        help="NAMESPACE/NAME of the ConfigMap mig-manager reads its mig-parted configs from "
+        "(the GPU Operator's ClusterPolicy migManager.config.name): GPUPartitionings write "
+        "their layouts there; only served cluster-wide, without --namespace "
+        "[GPUSIZER_MIG_CONFIG_MAP]",
+    )
+    p.add_argument(
         "--sync-period",
         type=float,
         default=float(_env("SYNC_PERIOD", "15") or 15),
@@ -187,6 +195,7 @@ def pin_malloc_mmap_threshold() -> bool:
 
 def _run(args: argparse.Namespace) -> int:
     from gpusizer.main import run_operator
+    from gpusizer.partition.objects import ConfigMapRef
     from gpusizer.settings import (
         OperatorSettings,
         PrometheusSettings,
@@ -216,6 +225,11 @@ def _run(args: argparse.Namespace) -> int:
             )
             return 2
         activator_service = (namespace, name)
+    try:
+        ConfigMapRef.parse(args.mig_config_map)
+    except ValueError as exc:
+        print(f"gpusizer run: --mig-config-map: {exc}", file=sys.stderr)
+        return 2
     basic_auth = None
     if args.prometheus_basic_auth_user:
         if not args.prometheus_basic_auth_password_file:
@@ -247,6 +261,8 @@ def _run(args: argparse.Namespace) -> int:
         reshape_deadline_seconds=args.reshape_deadline,
         min_reshape_interval_seconds=args.reshape_min_interval,
         activator_service=activator_service,
+        partitioning=not args.namespace,
+        mig_config_map=args.mig_config_map,
     )
     configure_logging(args.log_format, args.log_level)
     if not pin_malloc_mmap_threshold():
@@ -369,14 +385,20 @@ def _activator(args: argparse.Namespace) -> int:
 
 
 def _add_crds(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("crds", help="print the CustomResourceDefinition YAML")
+    p = subparsers.add_parser("crds", help="print a CustomResourceDefinition's YAML")
+    p.add_argument(
+        "--kind",
+        choices=["WorkloadSizing", "GPUPartitioning"],
+        default="WorkloadSizing",
+        help="the custom resource whose CRD to print (default: WorkloadSizing)",
+    )
     p.set_defaults(func=_crds)
 
 
 def _crds(args: argparse.Namespace) -> int:
-    from gpusizer.api.crd import crd_yaml
+    from gpusizer.api.crd import KINDS, crd_yaml
 
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(crd_yaml(next(k for k in KINDS if k.kind == args.kind)))
     return 0
 
 

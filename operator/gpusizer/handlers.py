@@ -19,6 +19,7 @@ from gpusizer.actuate.target_view import TargetView, target_view
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.cluster import ClusterView, PodLabelKey
 from gpusizer.kube import OnePerKey, drop_managed_fields, kopf_login
+from gpusizer.partition import handlers as partitioning
 from gpusizer.peering import peering_priority
 from gpusizer.report import metrics
 from gpusizer.settings import OperatorSettings
@@ -166,3 +167,5 @@ def register(settings: OperatorSettings) -> None:
         elif namespace:
             annotations = (event["object"].get("metadata") or {}).get("annotations") or {}
             memo.runtime.activator_pushed(namespace, name, annotations)
+
+    partitioning.register(settings)

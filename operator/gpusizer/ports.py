@@ -1,9 +1,10 @@
 """The operator's I/O edge: what a turn needs from Prometheus, the scaled targets, the
-activator's routes and the WorkloadSizing status, as Protocols.
+activator's routes and the WorkloadSizing status, and what a GPUPartitioning's turn writes
+(nodes, evictions, the mig-parted ConfigMap), as Protocols.
 
 The operator runs `signals.prometheus.PrometheusSource`, `actuate.targets.Targets`,
-`actuate.routes.Routes` and `report.writer.StatusWriter`; tests run the in-memory fakes in
-tests/fakes.py, so every branch of a turn has a fast test.
+`actuate.routes.Routes`, `report.writer.StatusWriter` and `partition.kube.KubeNodes`; tests run
+the in-memory fakes in tests/fakes.py, so every branch of a turn has a fast test.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from gpusizer.activation import ActivatorRoute
 from gpusizer.actuate.target_view import SliceChange, TargetView
 from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.partition.objects import ConfigMapRef
 from gpusizer.signals.parse import PodSamples, Problem
 from gpusizer.signals.queries import PodQuery
 
@@ -72,4 +74,35 @@ class StatusSink(Protocol):
     async def write(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """Merge-patch a WorkloadSizing's status; returns the status as stored. Raises
         `report.writer.StatusNotWritten`."""
+        ...
+
+
+class NodeClient(Protocol):
+    """What re-partitioning writes. Raises `partition.objects.PartitionProblem` with the reason
+    for the status when the API server refuses or does not answer."""
+
+    async def patch_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        unschedulable: bool | None = None,
+    ) -> None:
+        """One merge patch of a node: None deletes a label or annotation; `unschedulable`
+        cordons (True) or uncordons (False) it, None leaves it."""
+        ...
+
+    async def evict(self, namespace: str, name: str) -> str | None:
+        """Evict a pod through the Eviction API: None once accepted (or when the pod is gone),
+        else why it was refused (a PodDisruptionBudget); never forced."""
+        ...
+
+    async def read_config(self, ref: ConfigMapRef) -> tuple[str | None, str]:
+        """The ConfigMap's config.yaml (None without one) and its resourceVersion."""
+        ...
+
+    async def write_config(self, ref: ConfigMapRef, text: str, resource_version: str) -> str:
+        """Replace config.yaml, unless the ConfigMap changed since `resource_version`; returns
+        the new resourceVersion."""
         ...

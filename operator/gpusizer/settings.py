@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 # is acted on within a read period of its scrape, for a little more Prometheus and operator CPU
 # than reading once per sync period (bench/README.md, "Side by side at 5,000").
 DEFAULT_READ_PERIOD_SECONDS = 2.0
+# Where the GPU Operator's mig-manager reads its mig-parted configs when ClusterPolicy's
+# migManager.config.name points at a ConfigMap of the user's (docs/partitioning.md).
+DEFAULT_MIG_CONFIG_MAP = "gpu-operator/custom-mig-parted-config"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class OperatorSettings:
     reshape_deadline_seconds: float = 600.0
     min_reshape_interval_seconds: float = 3600.0
     activator_service: tuple[str, str] | None = None  # namespace, name; None: none installed
+    partitioning: bool = True  # GPUPartitionings served: only cluster-wide, as they drain nodes
+    mig_config_map: str = DEFAULT_MIG_CONFIG_MAP  # namespace/name
 
     @property
     def read_period(self) -> float:

@@ -13,6 +13,7 @@ class ConditionType(StrEnum):
     SCALED_TO_ZERO = "ScaledToZero"
     SCALING_LIMITED = "ScalingLimited"
     RIGHT_SIZED = "RightSized"
+    PARTITIONED = "Partitioned"
 
 
 class Reason(StrEnum):
@@ -73,6 +74,22 @@ class Reason(StrEnum):
     # activator
     NO_ACTIVATOR = "NoActivator"
     ACTIVATOR_ROUTE_FAILED = "ActivatorRouteFailed"
+    # GPU partitioning: what keeps a GPUPartitioning from moving anything (Ready)
+    MIG_CONFIG_UNAVAILABLE = "MigConfigUnavailable"
+    MIG_CONFIG_EDITED = "MigConfigEdited"
+    NODE_NOT_LABELLED = "NodeNotLabelled"
+    NODE_SELECTED_TWICE = "NodeSelectedTwice"
+    LAYOUT_NOT_SUPPORTED = "LayoutNotSupported"
+    # GPU partitioning: the layouts (Partitioned)
+    LAYOUTS_HOLD_DEMAND = "LayoutsHoldDemand"
+    PLAN_PENDING = "PlanPending"
+    REPARTITIONING = "Repartitioning"
+    DRAIN_BLOCKED = "DrainBlocked"
+    DRAIN_TIMED_OUT = "DrainTimedOut"
+    MIG_CONFIG_FAILED = "MigConfigFailed"
+    ROLLBACK_FAILED = "RollbackFailed"
+    LABEL_CHANGED_UNDER_PLAN = "LabelChangedUnderPlan"
+    DEMAND_UNMET = "DemandUnmet"
 
 
 class EventReason(StrEnum):
@@ -92,3 +109,11 @@ class EventReason(StrEnum):
     RESHAPED = "Reshaped"
     RESHAPE_ROLLED_BACK = "ReshapeRolledBack"
     ACTIVATOR_ROUTE_FAILED = "ActivatorRouteFailed"
+    PARTITIONING_BLOCKED = "PartitioningBlocked"
+    REPARTITION_STARTED = "RepartitionStarted"
+    REPARTITIONED = "Repartitioned"
+    REPARTITION_ROLLED_BACK = "RepartitionRolledBack"
+    DRAIN_BLOCKED = "DrainBlocked"
+    DRAIN_TIMED_OUT = "DrainTimedOut"
+    REPARTITION_ABANDONED = "RepartitionAbandoned"
+    ROLLBACK_FAILED = "RollbackFailed"

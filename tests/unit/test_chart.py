@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gpusizer.api.crd import crd_yaml
+from gpusizer.api.crd import GPU_PARTITIONING, KINDS, crd_yaml
 from gpusizer.cli import build_parser
 
 from tests.unit.test_handlers import registered
@@ -128,11 +128,10 @@ def deploy_objects() -> list[dict[str, Any]]:
 # --- files that need no helm ------------------------------------------------------------
 
 
-def test_chart_crd_is_the_generated_crd() -> None:
-    path = CHART / "crds" / "gpusizer.io_workloadsizings.yaml"
-    assert path.read_text() == crd_yaml(), (
-        f"{path.relative_to(REPO)} is stale: cp crds/gpusizer.io_workloadsizings.yaml {path}"
-    )
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_chart_crd_is_the_generated_crd(kind: Any) -> None:
+    path = CHART / "crds" / kind.file_name
+    assert path.read_text() == crd_yaml(kind), f"{path.relative_to(REPO)} is stale: run `make crds`"
 
 
 def test_docs_alerts_are_the_charts_alerts() -> None:
@@ -239,11 +238,14 @@ def test_default_render_matches_deploy_manifests() -> None:
         assert plain[k] == obj, f"deploy/ differs from `helm template` for {k}"
 
 
-def test_deploy_kustomization_lists_namespace_and_crd() -> None:
+def test_deploy_kustomization_lists_namespace_and_crds() -> None:
     objs = deploy_objects()
     assert find(objs, "Namespace", NAMESPACE)
-    crd = find(objs, "CustomResourceDefinition")
-    assert yaml.safe_dump(crd) == yaml.safe_dump(yaml.safe_load(crd_yaml()))
+    for kind in KINDS:
+        crd = find(objs, "CustomResourceDefinition", f"{kind.plural}.gpusizer.io")
+        assert yaml.safe_dump(crd) == yaml.safe_dump(yaml.safe_load(crd_yaml(kind)))
+    partitionings = yaml.safe_load((DEPLOY / "crd-gpupartitionings.yaml").read_text())
+    assert partitionings == yaml.safe_load(crd_yaml(GPU_PARTITIONING))
 
 
 def test_default_deployment_is_hardened() -> None:
@@ -332,8 +334,13 @@ def test_rbac_has_no_wildcards_and_no_secrets(values: dict[str, str]) -> None:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"{where}: wildcard in {field}: {rule}"
         assert "secrets" not in rule["resources"], f"{where}: secrets: {rule}"
-        # it posts events, and writes the EndpointSlices that point Services at the activator
-        used = {"events": {"create"}, "endpointslices": {"create", "delete"}}
+        # it posts events, evicts pods from nodes it re-partitions, and writes the EndpointSlices
+        # that point Services at the activator
+        used = {
+            "events": {"create"},
+            "pods/eviction": {"create"},
+            "endpointslices": {"create", "delete"},
+        }
         allowed = used.get(rule["resources"][0], set()) if len(rule["resources"]) == 1 else set()
         assert not {"delete", "deletecollection", "create", "escalate", "bind", "impersonate"} & (
             set(rule["verbs"]) - allowed
@@ -378,14 +385,35 @@ def test_cluster_role_matches_the_operators_access() -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
         ("", "nodes", "watch"),
         ("apps", "deployments", "patch"),  # rightSizing.mode Auto moves the pod template
+        ("gpusizer.io", "gpupartitionings", "watch"),
+        ("gpusizer.io", "gpupartitionings/status", "patch"),
+        ("", "nodes", "patch"),  # cordon, nvidia.com/mig.config, the re-partition record
+        ("", "pods/eviction", "create"),  # the drain, PodDisruptionBudgets respected
+        ("", "configmaps", "patch"),  # the mig-parted configs
     }
     assert needed <= granted, needed - granted
     for verb in ("create", "update", "delete"):
         assert ("apps", "deployments", verb) not in granted
+    for verb in ("delete", "update"):
+        assert ("", "nodes", verb) not in granted and ("", "pods", verb) not in granted
 
 
-def watched_by_the_operator() -> set[tuple[str, str]]:
-    registry = registered()
+def test_the_mig_parted_configmap_is_the_only_one_the_operator_may_touch() -> None:
+    objs = render(**{"partitioning.migConfigMap": '{"namespace": "gpu", "name": "mig"}'})
+    rules = [r for r in find(objs, "ClusterRole")["rules"] if "configmaps" in r["resources"]]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["mig"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert "--mig-config-map=gpu/mig" in container(objs)["args"]
+
+
+def watched_by_the_operator(partitioning: bool = True) -> set[tuple[str, str]]:
+    registry = registered(partitioning=partitioning)
     handlers = [
         *registry._indexing.get_all_handlers(),
         *registry._watching.get_all_handlers(),
@@ -402,7 +430,7 @@ def test_every_resource_the_operator_watches_may_be_listed_and_watched(
     retries the forbidden watch forever and the index never fills."""
     objs = render(**values)
     granted = set().union(*(grants(o) for o in objs if o["kind"] in ("ClusterRole", "Role")))
-    watched = watched_by_the_operator()
+    watched = watched_by_the_operator(partitioning="watchNamespaces" not in values)
     assert ("apps", "deployments") in watched and ("apps", "statefulsets") in watched
     missing = {(g, r, v) for g, r in watched for v in ("list", "watch")} - granted
     assert not missing, missing

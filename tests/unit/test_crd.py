@@ -7,16 +7,21 @@ from typing import Any
 
 import pytest
 import yaml
-from gpusizer.api.crd import crd, crd_yaml
+from gpusizer.api.crd import GPU_PARTITIONING, WORKLOAD_SIZING, Kind, crd, crd_yaml
 from gpusizer.api.v1alpha1 import ReplicasSpec
 
 REPO = Path(__file__).parents[2]
-CRD_COPIES = [REPO / "crds" / "gpusizer.io_workloadsizings.yaml", REPO / "deploy" / "crd.yaml"]
+CRD_COPIES = [
+    (REPO / "crds" / "gpusizer.io_workloadsizings.yaml", WORKLOAD_SIZING),
+    (REPO / "deploy" / "crd.yaml", WORKLOAD_SIZING),
+    (REPO / "crds" / "gpusizer.io_gpupartitionings.yaml", GPU_PARTITIONING),
+    (REPO / "deploy" / "crd-gpupartitionings.yaml", GPU_PARTITIONING),
+]
 
 
-@pytest.mark.parametrize("path", CRD_COPIES, ids=lambda p: str(p.relative_to(REPO)))
-def test_crd_files_match_models(path: Path) -> None:
-    assert path.read_text() == crd_yaml(), f"{path} is stale: run `make crds`"
+@pytest.mark.parametrize(("path", "kind"), CRD_COPIES, ids=lambda p: str(p))
+def test_crd_files_match_models(path: Path, kind: Kind) -> None:
+    assert path.read_text() == crd_yaml(kind), f"{path} is stale: run `make crds`"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
@@ -33,13 +38,14 @@ def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def _version() -> dict[str, Any]:
-    version: dict[str, Any] = crd()["spec"]["versions"][0]
+def _version(kind: Kind = WORKLOAD_SIZING) -> dict[str, Any]:
+    version: dict[str, Any] = crd(kind)["spec"]["versions"][0]
     return version
 
 
-def test_schema_is_structural_and_documented() -> None:
-    schema = _version()["schema"]["openAPIV3Schema"]
+@pytest.mark.parametrize("kind", [WORKLOAD_SIZING, GPU_PARTITIONING], ids=lambda k: k.kind)
+def test_schema_is_structural_and_documented(kind: Kind) -> None:
+    schema = _version(kind)["schema"]["openAPIV3Schema"]
     spec = schema["properties"]["spec"]
     for path, node in _walk(spec, "spec"):
         assert "type" in node, f"{path} has no type"
@@ -85,3 +91,16 @@ def test_defaults_fill_omitted_objects() -> None:
     model_default = ReplicasSpec.model_fields["scale_down"].get_default(call_default_factory=True)
     assert replicas["properties"]["scaleDown"]["default"] == model_default.model_dump(by_alias=True)
     assert yaml.safe_load(crd_yaml())["metadata"]["name"] == "workloadsizings.gpusizer.io"
+
+
+def test_gpu_partitioning_is_cluster_scoped_with_its_rules_and_defaults() -> None:
+    spec = crd(GPU_PARTITIONING)["spec"]
+    assert spec["scope"] == "Cluster" and spec["names"]["shortNames"] == ["gpup"]
+    schema = _version(GPU_PARTITIONING)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r["rule"] for r in schema["x-kubernetes-validations"]]
+    assert any("allowedProfiles" in r and "spareSlices" in r for r in rules)
+    assert schema["properties"]["maxNodesUnavailable"]["default"] == 1
+    assert schema["properties"]["mode"]["default"] == "Recommend"
+    assert schema["properties"]["drain"]["default"] == {"timeoutSeconds": 1800}
+    assert schema["properties"]["nodeSelector"]["minProperties"] == 1
+    assert schema["required"] == ["nodeSelector"]

@@ -17,7 +17,7 @@ from kopf._core.intents.handlers import DaemonHandler, TimerHandler
 from kopf._core.reactor import inventory, processing
 
 
-def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
+def registered(sync_period_seconds: float = 15, partitioning: bool = True) -> kopf.OperatorRegistry:
     """The handlers `gpusizer run` registers, in a registry of their own."""
     previous = kopf.get_default_registry()
     registry = kopf.OperatorRegistry()
@@ -27,6 +27,7 @@ def registered(sync_period_seconds: float = 15) -> kopf.OperatorRegistry:
             OperatorSettings(
                 PrometheusSettings(url="http://prometheus"),
                 sync_period_seconds=sync_period_seconds,
+                partitioning=partitioning,
             )
         )
     finally:
@@ -45,7 +46,7 @@ def test_settings_read_as_the_command_line_does_unless_told_otherwise() -> None:
 
 def test_workloads_are_driven_by_the_cycle_clock_not_by_timers() -> None:
     registry = registered(sync_period_seconds=7)
-    spawned = registry._spawning.get_all_handlers()
+    spawned = [h for h in registry._spawning.get_all_handlers() if h.selector.any_name == PLURAL]
     assert not [h for h in spawned if isinstance(h, TimerHandler)]
     daemons = [h for h in spawned if isinstance(h, DaemonHandler)]
     assert [d.id for d in daemons] == ["size_workload"]
@@ -137,3 +138,16 @@ def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
     assert "managedFields" not in created and "managedFields" not in changed
     assert changed["resourceVersion"] == "2"  # the body kept is the latest one
     assert changed["annotations"] == {"gpusizer.io/paused": "false"}
+
+
+def test_each_gpu_partitioning_takes_a_turn_every_sync_period() -> None:
+    spawned = registered(sync_period_seconds=7)._spawning.get_all_handlers()
+    timers = [h for h in spawned if isinstance(h, TimerHandler)]
+    assert [(t.id, t.selector.any_name, t.interval) for t in timers] == [
+        ("partition", "gpupartitionings", 7)
+    ]
+
+
+def test_gpu_partitioning_is_not_served_when_only_some_namespaces_are_watched() -> None:
+    spawned = registered(partitioning=False)._spawning.get_all_handlers()
+    assert [h.id for h in spawned] == ["size_workload"]

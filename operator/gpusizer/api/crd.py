@@ -7,11 +7,13 @@ node. pydantic's JSON schema is close; this turns one into the other.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
+from gpusizer.api import partitioning
 from gpusizer.api.v1alpha1 import (
     GROUP,
     KIND,
@@ -111,43 +113,115 @@ def _apply_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> N
             _apply_factory_defaults(prop, nested)
 
 
-def crd() -> dict[str, Any]:
-    spec_schema = openapi_schema(WorkloadSizingSpec)
-    spec_schema["description"] = "What to size and how: targets, bounds, rates, scale to zero."
-    _apply_factory_defaults(spec_schema, WorkloadSizingSpec)
-    status_schema = openapi_schema(WorkloadSizingStatus)
-    status_schema["description"] = "What the operator observed, decided and recommends."
-    _apply_factory_defaults(status_schema, WorkloadSizingStatus)
+@dataclass(frozen=True)
+class Kind:
+    """One custom resource of the group, and the models its schema comes from."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: list[str]
+    namespaced: bool
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    description: str
+    spec_description: str
+    status_description: str
+    printer_columns: list[dict[str, Any]]
+    source: str
+
+    @property
+    def file_name(self) -> str:
+        """Where `make crds` writes it: crds/<group>_<plural>.yaml."""
+        return f"{GROUP}_{self.plural}.yaml"
+
+
+WORKLOAD_SIZING = Kind(
+    kind=KIND,
+    plural=PLURAL,
+    singular=SINGULAR,
+    short_names=SHORT_NAMES,
+    namespaced=True,
+    spec=WorkloadSizingSpec,
+    status=WorkloadSizingStatus,
+    description=(
+        "Sizes a GPU inference workload: replicas from measured GPU utilisation and queue "
+        "depth, scale to zero and back, and the MIG slice or GPU type it should run on."
+    ),
+    spec_description="What to size and how: targets, bounds, rates, scale to zero.",
+    status_description="What the operator observed, decided and recommends.",
+    printer_columns=PRINTER_COLUMNS,
+    source="gpusizer.api.v1alpha1",
+)
+
+GPU_PARTITIONING = Kind(
+    kind=partitioning.KIND,
+    plural=partitioning.PLURAL,
+    singular=partitioning.SINGULAR,
+    short_names=partitioning.SHORT_NAMES,
+    namespaced=False,
+    spec=partitioning.GPUPartitioningSpec,
+    status=partitioning.GPUPartitioningStatus,
+    description=(
+        "Re-partitions the MIG layouts of the GPU nodes it selects so the slices the fleet "
+        "needs exist, on the fewest GPUs and moving the fewest pods, through NVIDIA's "
+        "mig-manager protocol (a mig-parted config, cordon and drain, nvidia.com/mig.config)."
+    ),
+    spec_description="Which nodes, how far to act, which profiles, and how to drain.",
+    status_description="The plan per node, and where each re-partition is.",
+    printer_columns=[
+        {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".status.summary.nodes"},
+        {"name": "GPUs", "type": "integer", "jsonPath": ".status.summary.gpus"},
+        {"name": "Needed", "type": "integer", "jsonPath": ".status.summary.gpusNeededNow"},
+        {"name": "Planned", "type": "integer", "jsonPath": ".status.summary.gpusNeededPlanned"},
+        {
+            "name": "Partitioned",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Partitioned")].status',
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+    source="gpusizer.api.partitioning",
+)
+
+KINDS = (WORKLOAD_SIZING, GPU_PARTITIONING)
+
+
+def crd(kind: Kind = WORKLOAD_SIZING) -> dict[str, Any]:
+    spec_schema = openapi_schema(kind.spec)
+    spec_schema["description"] = kind.spec_description
+    _apply_factory_defaults(spec_schema, kind.spec)
+    status_schema = openapi_schema(kind.status)
+    status_schema["description"] = kind.status_description
+    _apply_factory_defaults(status_schema, kind.status)
+    names: dict[str, Any] = {
+        "kind": kind.kind,
+        "listKind": f"{kind.kind}List",
+        "plural": kind.plural,
+        "singular": kind.singular,
+        "shortNames": kind.short_names,
+        "categories": ["gpusizer"],
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{kind.plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": SHORT_NAMES,
-                "categories": ["gpusizer"],
-            },
+            "scope": "Namespaced" if kind.namespaced else "Cluster",
+            "names": names,
             "versions": [
                 {
                     "name": VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": kind.printer_columns,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": (
-                                "Sizes a GPU inference workload: replicas from measured GPU "
-                                "utilisation and queue depth, scale to zero and back, and the "
-                                "MIG slice or GPU type it should run on."
-                            ),
+                            "description": kind.description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
@@ -164,6 +238,6 @@ def crd() -> dict[str, Any]:
     }
 
 
-def crd_yaml() -> str:
-    header = "# Generated by `gpusizer crds` from gpusizer.api.v1alpha1: do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+def crd_yaml(kind: Kind = WORKLOAD_SIZING) -> str:
+    header = f"# Generated by `gpusizer crds` from {kind.source}: do not edit.\n"
+    return header + yaml.safe_dump(crd(kind), sort_keys=False, width=100)
