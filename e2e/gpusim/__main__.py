@@ -14,7 +14,7 @@ from gpusizer.catalog import load_catalog
 
 from e2e.gpusim.exposition import ExporterOptions
 from e2e.gpusim.kube import KubeCluster
-from e2e.gpusim.migmanager import MigManager
+from e2e.gpusim.migmanager import add_arguments, manager_from
 from e2e.gpusim.model import ModelConfig
 from e2e.gpusim.openai import OpenAIEndpoints
 from e2e.gpusim.server import GpusimServer, ScrapeTargets
@@ -43,7 +43,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--startup-seconds", type=float, default=defaults.startup_seconds)
     parser.add_argument("--memory-mib", type=int, default=defaults.memory_mib)
     parser.add_argument("--oom-backoff-seconds", type=float, default=defaults.oom_backoff_seconds)
-    parser.add_argument("--mig-reconfigure-seconds", type=float, default=10.0)
+    add_arguments(parser)
     parser.add_argument("--no-mig-manager", action="store_true")
     parser.add_argument(
         "--targets-file",
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tick = (args.tick_seconds, stop, then)
     threads = [threading.Thread(target=sim.run, args=tick, name="tick", daemon=True)]
     if not args.no_mig_manager:
-        manager = MigManager(cluster, catalog, args.mig_reconfigure_seconds)
+        manager = manager_from(args, cluster, catalog)
         threads.append(
             threading.Thread(target=manager.run, args=(1.0, stop), name="migmgr", daemon=True)
         )

@@ -12,6 +12,10 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MIG_APPLIED_ANNOTATION = "gpusim.gpusizer.io/mig-config-applied"
 """The layout the MIG manager emulator last applied (it also rewrote allocatable then)."""
+MIG_LAYOUT_ANNOTATION = "gpusim.gpusizer.io/mig-layout-applied"
+"""What that layout holds, per GPU ("whole", "none" or profiles joined by +), as JSON."""
+HOST_CLIENTS_ANNOTATION = "gpusim.gpusizer.io/host-gpu-clients"
+"""Fault injection: processes outside Kubernetes holding the node's GPUs (a count)."""
 
 WorkloadKey = tuple[str, str]
 """(namespace, name) of the Deployment (or bare pod) a replica belongs to."""

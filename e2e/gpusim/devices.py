@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpusizer.catalog import Catalog, GPUProduct, layout_is_valid, named_layout
+from gpusizer.catalog.migparted import read_described
 
 from e2e.gpusim.cluster import (
     COUNT_LABEL,
     MIG_APPLIED_ANNOTATION,
     MIG_CONFIG_LABEL,
+    MIG_LAYOUT_ANNOTATION,
     MIG_STATE_LABEL,
     PRODUCT_LABEL,
     NodeInfo,
@@ -60,11 +63,15 @@ def pci_bus_id(gpu: int) -> str:
 
 
 def gpu_layouts(node: NodeInfo, product: GPUProduct, count: int) -> list[list[str]]:
-    """MIG profiles of each GPU: the applied standard layout, else packed from allocatable.
+    """MIG profiles of each GPU ([] for a whole GPU): the applied layout, else packed from
+    allocatable.
 
     The label alone is not enough: it names the requested layout, applied only on `success`,
     and a new request can arrive before the state leaves `success`.
     """
+    applied = _applied_layout(node, count)
+    if applied is not None:
+        return applied
     name = node.annotations.get(MIG_APPLIED_ANNOTATION)
     if name is None and node.labels.get(MIG_STATE_LABEL, "success") == "success":
         name = node.labels.get(MIG_CONFIG_LABEL)
@@ -93,6 +100,21 @@ def gpu_layouts(node: NodeInfo, product: GPUProduct, count: int) -> list[list[st
         else:
             layouts[target].append(profile)
     return layouts
+
+
+def _applied_layout(node: NodeInfo, count: int) -> list[list[str]] | None:
+    """What the MIG manager emulator recorded it applied, GPU by GPU."""
+    raw = node.annotations.get(MIG_LAYOUT_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        layouts = [read_described(str(gpu)) for gpu in json.loads(raw)]
+    except ValueError:
+        log.warning("node %s: unreadable %s annotation", node.name, MIG_LAYOUT_ANNOTATION)
+        return None
+    if len(layouts) != count:
+        return None
+    return [list(gpu or ()) for gpu in layouts]
 
 
 def _int(value: str) -> int:

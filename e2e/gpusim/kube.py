@@ -327,6 +327,16 @@ class KubeCluster:
         body = {"status": {"capacity": values, "allocatable": values}}
         self.core.patch_node_status(node, body, _content_type=STRATEGIC)
 
+    def read_config(self, namespace: str, name: str) -> str | None:
+        try:
+            found = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        value = (found.data or {}).get("config.yaml")
+        return str(value) if value is not None else None
+
     def warn(self, node: str, reason: str, message: str) -> None:
         found = self._informers["nodes"].get(f"/{node}")
         uid = (found or {}).get("metadata", {}).get("uid", "")

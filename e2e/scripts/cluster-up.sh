@@ -12,6 +12,10 @@
 #      PROMETHEUS            Prometheus binary (default: /usr/bin/prometheus, else from PATH)
 #      GPUSIZER_CLIENT_QPS   API request rate of the controller-manager and scheduler (default:
 #                            theirs, 20 and 50/s); the scale benchmark raises it
+#      GPUSIZER_MIG_SECONDS_PER_NODE, GPUSIZER_MIG_SECONDS_PER_GPU  the emulated mig-manager's
+#                            time per reconfiguration and per GPU changed (default 3 and 1: ten
+#                            times faster than its realistic defaults, 30 and 10, so tests wait
+#                            seconds, not minutes)
 set -euo pipefail
 # shellcheck source=e2e/scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -140,6 +144,8 @@ if [ "$GPUSIM_MODE" != "0" ] && [ -f "$REPO/e2e/gpusim/__main__.py" ]; then
   ( cd "$REPO" && exec setsid "$PY" -m e2e.gpusim --kubeconfig "$KUBECONFIG_PATH" \
       --listen "127.0.0.1:${GPUSIM_PORT}" \
       --targets-file "$STATE/prometheus-targets/gpusim.json" \
+      --mig-seconds-per-node "${GPUSIZER_MIG_SECONDS_PER_NODE:-3}" \
+      --mig-seconds-per-gpu "${GPUSIZER_MIG_SECONDS_PER_GPU:-1}" \
       > "$STATE/logs/gpusim.log" 2>&1 < /dev/null 9>&- ) &
   GPUSIM_PID=$!
   echo "$GPUSIM_PID" > "$STATE/gpusim.pid"

@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 import pytest
 from gpusizer.catalog import load_catalog
 
-from e2e.gpusim.cluster import MIG_CONFIG_LABEL, MIG_STATE_LABEL, NodeInfo
-from e2e.gpusim.migmanager import APPLIED_ANNOTATION, MigManager
+from e2e.gpusim.cluster import HOST_CLIENTS_ANNOTATION, MIG_CONFIG_LABEL, MIG_STATE_LABEL, NodeInfo
+from e2e.gpusim.devices import gpu_layouts
+from e2e.gpusim.migmanager import APPLIED_ANNOTATION, MigManager, MigTiming
 from e2e.gpusim.testing import gpu_node
 
 
@@ -17,6 +18,7 @@ class FakeNodes:
         self.node = NodeInfo(node.name, dict(node.labels), dict(node.allocatable), {})
         self.busy: list[str] = []
         self.events: list[tuple[str, str]] = []
+        self.configs: dict[tuple[str, str], str] = {}
 
     def nodes(self) -> Sequence[NodeInfo]:
         return [self.node]
@@ -43,6 +45,9 @@ class FakeNodes:
     def warn(self, node: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
 
+    def read_config(self, namespace: str, name: str) -> str | None:
+        return self.configs.get((namespace, name))
+
     def relabel(self, layout: str) -> None:
         self.patch_metadata(self.node.name, {MIG_CONFIG_LABEL: layout}, {})
 
@@ -65,7 +70,8 @@ def nodes() -> FakeNodes:
 
 @pytest.fixture
 def manager(nodes: FakeNodes) -> MigManager:
-    return MigManager(nodes, load_catalog(), reconfigure_seconds=10)
+    # 2 s per node and 1 s per GPU: 10 s when all 8 GPUs change
+    return MigManager(nodes, load_catalog(), MigTiming(per_node=2, per_gpu=1), "gpu-operator/mig")
 
 
 def test_adopts_a_consistent_node_without_waiting(nodes: FakeNodes, manager: MigManager) -> None:
@@ -148,3 +154,94 @@ def test_a_failed_layout_is_retried_after_another_label(
     nodes.relabel("all-3g.40gb")
     manager.step(3)
     assert nodes.node.labels[MIG_STATE_LABEL] == "pending"
+
+
+CUSTOM = """
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  two-kinds:
+    - devices: [0, 1, 2, 3, 4, 5]
+      mig-enabled: false
+    - devices: [6]
+      mig-enabled: true
+      mig-devices: {"1g.20gb": 4}
+    - devices: [7]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 2}
+  too-much:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"4g.40gb": 2}
+"""
+
+
+def test_a_custom_config_from_the_configmap_is_applied_gpu_by_gpu(
+    nodes: FakeNodes, manager: MigManager
+) -> None:
+    nodes.configs[("gpu-operator", "mig")] = CUSTOM
+    manager.step(0)
+    nodes.relabel("two-kinds")
+    manager.step(1)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "pending"
+    manager.step(4)  # 2 GPUs change: 2 + 2 x 1 s
+    assert nodes.node.labels[MIG_STATE_LABEL] == "pending"
+    manager.step(5)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "success"
+    assert nodes.node.allocatable == {
+        "nvidia.com/gpu": "6",
+        "nvidia.com/mig-1g.20gb": "4",
+        "nvidia.com/mig-3g.40gb": "2",
+    }
+    assert nodes.node.labels["nvidia.com/mig-1g.20gb.count"] == "4"
+    product = load_catalog().products["h100-80gb"]
+    assert gpu_layouts(nodes.node, product, 8)[6:] == [["1g.20gb"] * 4, ["3g.40gb"] * 2]
+
+
+@pytest.mark.parametrize(
+    ("config", "layout", "says"),
+    [
+        (CUSTOM, "too-much", "cannot hold 4g.40gb+4g.40gb"),
+        (CUSTOM, "nowhere", "'nowhere' is not in ConfigMap gpu-operator/mig"),
+        ("version: v1\nmig-configs: [x]\n", "two-kinds", "mig-configs must be a mapping"),
+    ],
+)
+def test_a_custom_config_mig_parted_would_refuse_fails_the_node(
+    nodes: FakeNodes, manager: MigManager, config: str, layout: str, says: str
+) -> None:
+    nodes.configs[("gpu-operator", "mig")] = config
+    manager.step(0)
+    nodes.relabel(layout)
+    manager.step(1)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "failed"
+    reason, message = nodes.events[0]
+    assert reason == "MigReconfigureInvalidLayout" and says in message
+    assert nodes.node.allocatable == {"nvidia.com/gpu": "8"}
+
+
+def test_a_pod_that_arrives_while_pending_fails_the_node_when_it_applies(
+    nodes: FakeNodes, manager: MigManager
+) -> None:
+    manager.step(0)
+    nodes.relabel("all-3g.40gb")
+    manager.step(1)
+    nodes.busy = ["llm/late-1"]
+    manager.step(11)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "failed"
+    assert nodes.events[0][0] == "MigReconfigureGPUsInUse"
+    assert nodes.node.allocatable == {"nvidia.com/gpu": "8"}
+
+
+def test_processes_outside_kubernetes_fail_the_node(nodes: FakeNodes, manager: MigManager) -> None:
+    manager.step(0)
+    nodes.patch_metadata(nodes.node.name, {}, {HOST_CLIENTS_ANNOTATION: "1"})
+    nodes.relabel("all-3g.40gb")
+    manager.step(1)
+    reason, message = nodes.events[0]
+    assert reason == "MigReconfigureGPUsInUse" and "outside Kubernetes" in message
+    # restoring what is applied is no reconfiguration: success at once
+    nodes.relabel("all-disabled")
+    manager.step(2)
+    assert nodes.node.labels[MIG_STATE_LABEL] == "success"
