@@ -57,15 +57,16 @@ def service_account_kubeconfig(
 
 
 def install_manifests(cluster: Cluster) -> None:
-    """The CRD, namespace and RBAC exactly as users apply them from deploy/."""
+    """The CRDs, namespace and RBAC exactly as users apply them from deploy/."""
     deploy = REPO / "deploy"
-    for name in ("crd.yaml", "namespace.yaml", "rbac.yaml"):
+    for name in ("crd.yaml", "crd-gpupartitionings.yaml", "namespace.yaml", "rbac.yaml"):
         cluster.kubectl("apply", "-f", str(deploy / name))
     cluster.kubectl(
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
         "crd/workloadsizings.gpusizer.io",
+        "crd/gpupartitionings.gpusizer.io",
     )
 
 

@@ -426,6 +426,12 @@ def check_service_account_permissions(cluster: Cluster) -> None:
         ("list", "horizontalpodautoscalers.autoscaling", "-A"),
         ("create", "events", "-n", ns),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+        # GPUPartitioning: cordon and relabel nodes, drain through evictions, its ConfigMap
+        ("watch", "gpupartitionings.gpusizer.io"),
+        ("patch", "gpupartitionings.gpusizer.io", "--subresource=status"),
+        ("patch", "nodes"),
+        ("create", "pods", "--subresource=eviction", "-n", ns),
+        ("patch", "configmaps/custom-mig-parted-config", "-n", "gpu-operator"),
     ]
     denied = [
         ("get", "secrets", "-n", ns),
@@ -440,7 +446,10 @@ def check_service_account_permissions(cluster: Cluster) -> None:
         ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
         ("update", "workloadsizings.gpusizer.io", "-n", ns),
         ("delete", "workloadsizings.gpusizer.io", "-n", ns),
-        ("patch", "nodes"),
+        ("delete", "nodes"),
+        ("update", "nodes"),
+        ("patch", "configmaps", "-n", ns),
+        ("delete", "gpupartitionings.gpusizer.io"),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
         ("impersonate", "serviceaccounts", "-A"),
     ]

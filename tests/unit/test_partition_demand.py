@@ -109,6 +109,16 @@ def test_a_blocked_recommendation_and_a_workload_at_zero_are_demand() -> None:
     assert dict(found.counts) == {("h100-80gb", "2g.20gb"): 3, ("h100-80gb", "3g.40gb"): 1}
 
 
+def test_advice_its_template_already_follows_counts_as_pods_not_twice() -> None:
+    moved = {
+        "nodeSelector": {"nvidia.com/gpu.product": H100},
+        "containers": [{"name": "vllm", "resources": {"limits": {"nvidia.com/mig-2g.20gb": 1}}}],
+    }
+    wanted = [s for s in [sizing_demand(sizing_body())] if s is not None]
+    found = fleet_demand(CATALOG, NODES, [], wanted, lambda ns, kind, name: moved)
+    assert not found.counts
+
+
 def test_only_recommendations_waiting_for_capacity_in_auto_count() -> None:
     assert sizing_demand(sizing_body("CheaperSlice")) is None
     assert sizing_demand(sizing_body(mode="Recommend")) is None

@@ -67,6 +67,22 @@ class Cluster:
         self.obj = replace(self.obj, spec={"nodeSelector": {"pool": "fleet"}, **spec})
         self.selectors[self.obj.name] = dict(self.obj.spec["nodeSelector"])
 
+    def apply(self, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch applied to the status, as the API server applies it."""
+
+        def merged(base: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:
+            out = dict(base)
+            for key, value in change.items():
+                if value is None:
+                    out.pop(key, None)
+                elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                    out[key] = merged(out[key], value)
+                else:
+                    out[key] = value
+            return out
+
+        return merged(self.obj.status, patch)
+
     async def turn(self, seconds: float = 5) -> Outcome:
         self.now += seconds
         view = PartitionView(
@@ -78,8 +94,7 @@ class Cluster:
         )
         services = PartitionServices(CATALOG, self.nodes, REF)
         outcome = await partition_turn(self.obj, view, services, self.now)
-        status = {**self.obj.status, **outcome.status_patch}
-        self.obj = replace(self.obj, status={k: v for k, v in status.items() if v is not None})
+        self.obj = replace(self.obj, status=self.apply(outcome.status_patch))
         return outcome
 
     def condition(self, type_: str) -> Mapping[str, Any]:
@@ -101,9 +116,13 @@ class Cluster:
             labels={**self.nodes.nodes[node].labels, "nvidia.com/mig.config.state": state},
         )
 
-    def record(self, node: str) -> RepartitionRecord | None:
+    def in_flight(self, node: str) -> bool:
+        return self.nodes.nodes[node].record is not None
+
+    def record(self, node: str) -> RepartitionRecord:
         raw = self.nodes.nodes[node].record
-        return RepartitionRecord.parse(raw) if raw else None
+        assert raw is not None, f"node {node} has no re-partition record"
+        return RepartitionRecord.parse(raw)
 
 
 def fleet(*nodes: GpuNode, config: str | None = NVIDIA_DEFAULTS) -> Cluster:
@@ -161,7 +180,7 @@ async def test_auto_takes_a_node_through_every_step() -> None:
     node = cluster.nodes.nodes["a"]
     assert node.unschedulable
     record = cluster.record("a")
-    assert record is not None and record.step == "Draining" and record.from_config == "all-disabled"
+    assert record.step == "Draining" and record.from_config == "all-disabled"
     assert record.to_config in parse_config(cluster.nodes.config)  # written before the label
     assert cluster.condition("Partitioned")["reason"] == "Repartitioning"
 
@@ -172,7 +191,7 @@ async def test_auto_takes_a_node_through_every_step() -> None:
     await cluster.turn()
     node = cluster.nodes.nodes["a"]
     assert node.mig_config == record.to_config and node.mig_state is None
-    assert cluster.record("a").step == "Configuring"  # type: ignore[union-attr]
+    assert cluster.record("a").step == "Configuring"
 
     await cluster.turn()  # mig-manager still working: nothing to do
     cluster.mig_manager("a", "pending")
@@ -192,7 +211,7 @@ async def test_a_node_without_gpu_pods_is_chosen_and_needs_no_drain() -> None:
     cluster.pods.append(gpu_pod("chat-0", "a"))
     needing_a_slice(cluster)
     await cluster.turn()
-    assert cluster.record("b") is not None and cluster.record("a") is None
+    assert cluster.in_flight("b") and not cluster.in_flight("a")
     await cluster.turn()
     assert cluster.nodes.evicted == []
     assert cluster.nodes.nodes["b"].mig_config == config_name(SLICE_1G20)
@@ -217,7 +236,7 @@ async def test_a_pdb_that_refuses_waits_and_forces_nothing() -> None:
     assert "DrainBlocked" not in reasons(again)  # said once
     node = cluster.nodes.nodes["a"]
     assert node.unschedulable and node.mig_config == "all-disabled"
-    assert cluster.record("a").step == "Draining"  # type: ignore[union-attr]
+    assert cluster.record("a").step == "Draining"
 
 
 async def test_a_restarted_operator_resumes_the_drain_without_a_second_one() -> None:
@@ -270,7 +289,7 @@ async def test_failed_restores_the_previous_config_and_uncordons_with_a_conditio
     assert "RepartitionRolledBack" in reasons(rolling)
     node = cluster.nodes.nodes["a"]
     assert node.mig_config == "all-disabled" and node.unschedulable
-    assert cluster.record("a").step == "RollingBack"  # type: ignore[union-attr]
+    assert cluster.record("a").step == "RollingBack"
     cluster.mig_manager("a", "success")
     await cluster.turn()
     node = cluster.nodes.nodes["a"]
@@ -295,7 +314,7 @@ async def test_no_success_before_the_deadline_rolls_back() -> None:
     cluster.mig_manager("a", "pending")
     await cluster.turn(61)
     assert cluster.nodes.nodes["a"].mig_config == "all-disabled"
-    assert "within 60s" in cluster.record("a").message  # type: ignore[union-attr]
+    assert "within 60s" in cluster.record("a").message
 
 
 async def test_a_rollback_that_fails_too_leaves_the_node_cordoned_for_a_person() -> None:
@@ -335,13 +354,13 @@ async def test_one_node_at_a_time_unless_told_otherwise() -> None:
     cluster = fleet(gfd_node("a"), gfd_node("b"))
     needing_a_slice(cluster, "7g.80gb", 9)
     await cluster.turn()
-    assert [n for n in "ab" if cluster.record(n)] == ["a"]
+    assert [n for n in "ab" if cluster.in_flight(n)] == ["a"]
     assert cluster.node_plan("b")["step"] == "Planned"
     cluster = fleet(gfd_node("a"), gfd_node("b"))
     cluster.spec(mode="Auto", maxNodesUnavailable=2)
     needing_a_slice(cluster, "7g.80gb", 9)
     await cluster.turn()
-    assert [n for n in "ab" if cluster.record(n)] == ["a", "b"]
+    assert [n for n in "ab" if cluster.in_flight(n)] == ["a", "b"]
 
 
 @pytest.mark.parametrize(
@@ -467,7 +486,8 @@ async def test_spare_slices_are_demand_on_each_product_that_has_them() -> None:
 async def test_a_recommendation_waiting_for_free_capacity_is_demand() -> None:
     cluster = fleet(gfd_node("a"))
     cluster.spec(mode="Recommend")
-    cluster.sizings.append(SizingDemand("llm", "chat", ("nvidia.com/mig-2g.20gb", H100, 3), None))
+    blocked = ("nvidia.com/mig-2g.20gb", H100, 3)
+    cluster.sizings.append(SizingDemand("llm", "chat", "Deployment", "chat", blocked, None))
     await cluster.turn()
     assert cluster.obj.status["summary"]["demand"] == {"h100-80gb/2g.20gb": 3}
 
@@ -489,7 +509,7 @@ async def test_a_conflicting_configmap_write_is_tried_again() -> None:
     assert "the object has been modified" in cluster.node_plan("a")["message"]
     del cluster.nodes.fail["write"]
     await cluster.turn()
-    assert cluster.record("a").to_config in parse_config(cluster.nodes.config)  # type: ignore[union-attr]
+    assert cluster.record("a").to_config in parse_config(cluster.nodes.config)
 
 
 async def test_configs_no_node_names_any_more_are_dropped() -> None:
@@ -500,3 +520,30 @@ async def test_configs_no_node_names_any_more_are_dropped() -> None:
     await cluster.turn()
     configs = parse_config(cluster.nodes.config)
     assert stale not in configs and "all-disabled" in configs
+
+
+async def test_a_node_in_flight_is_carried_on_when_another_partitioning_selects_it() -> None:
+    cluster = fleet(gfd_node("a"))
+    needing_a_slice(cluster)
+    await cluster.turn()
+    cluster.selectors["other"] = {"pool": "fleet"}
+    await cluster.turn()
+    assert cluster.condition("Ready")["reason"] == "NodeSelectedTwice"
+    assert cluster.record("a").step == "Configuring"
+    cluster.mig_manager("a", "success")
+    await cluster.turn()
+    assert not cluster.nodes.nodes["a"].unschedulable and not cluster.in_flight("a")
+
+
+async def test_demand_that_went_away_leaves_the_status_too() -> None:
+    cluster = fleet(gfd_node("a"))
+    cluster.spec(mode="Recommend")
+    cluster.pods.append(gpu_pod("chat-0", "a"))
+    needing_a_slice(cluster)
+    await cluster.turn()
+    cluster.pods = [gpu_pod("chat-0", "a")]
+    await cluster.turn()
+    assert cluster.obj.status["summary"]["demand"] == {"h100-80gb/gpu": 1}
+    assert (
+        "unmet" not in cluster.obj.status["summary"] or not cluster.obj.status["summary"]["unmet"]
+    )

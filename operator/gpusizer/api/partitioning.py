@@ -103,6 +103,7 @@ class GPUPartitioningSpec(_Model):
     ] = Field(
         default_factory=dict,
         alias="spareSlices",
+        max_length=32,
         description=(
             "Free slices to keep per profile beyond the demand, on each GPU product that has "
             "the profile, e.g. {3g.40gb: 1}, so a new replica finds one without a re-partition."

@@ -2,8 +2,9 @@
 (the slices they wait for), the slices WorkloadSizings' recommendations wait for
 (`NoFreeCapacity`) and those of workloads at zero when they wake. Pure.
 
-The sources add up rather than replace each other: a workload moving to a smaller slice keeps
-its running pods until the new ones are ready, so the layouts must hold both meanwhile.
+The sources add up rather than replace each other: a workload waiting to move to a smaller
+slice keeps its running pods until the new ones are ready, so the layouts must hold both
+meanwhile. Once its template asks for the new slice, its new pods stand for the advice.
 """
 
 from __future__ import annotations
@@ -99,16 +100,16 @@ def fleet_demand(
             demand.add((node_products[pod.node], kind), pod.count)
     for sizing in sizings:
         who = f"WorkloadSizing {sizing.namespace}/{sizing.name}"
+        spec = template(sizing.namespace, sizing.target_kind, sizing.target_name)
+        found = _template_slice(spec) if spec is not None else None
         if sizing.blocked is not None:
             resource, product_label, replicas = sizing.blocked
-            ask(slice_kind(resource), product_label, replicas, who)
-        if sizing.waking is not None:
-            kind_name, name, replicas = sizing.waking
-            spec = template(sizing.namespace, kind_name, name)
-            found = _template_slice(spec) if spec is not None else None
-            if found is not None:
-                resource, count, template_label = found
-                ask(slice_kind(resource), template_label, count * replicas, who)
+            # once its template asks for the slice, its pods are the demand, not the advice
+            if found is None or found[0] != resource:
+                ask(slice_kind(resource), product_label, replicas, who)
+        if sizing.waking is not None and found is not None:
+            resource, count, template_label = found
+            ask(slice_kind(resource), template_label, count * sizing.waking, who)
     return demand
 
 

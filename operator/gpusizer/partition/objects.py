@@ -114,12 +114,14 @@ def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
 @dataclass(frozen=True)
 class SizingDemand:
     """What a WorkloadSizing asks of the layouts beyond its running pods: the slices right-sizing
-    would move it to but cannot find free, and the template it wakes to from zero."""
+    would move it to but cannot find free, and the replicas it wakes to from zero."""
 
     namespace: str
     name: str
+    target_kind: str
+    target_name: str
     blocked: tuple[str, str, int] | None  # (resource, product label, replicas)
-    waking: tuple[str, str, int] | None  # (target kind, target name, replicas it wakes to)
+    waking: int | None  # replicas it wakes to, at zero now
 
 
 def sizing_demand(body: Mapping[str, Any]) -> SizingDemand | None:
@@ -127,6 +129,9 @@ def sizing_demand(body: Mapping[str, Any]) -> SizingDemand | None:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
+    target = spec.get("targetRef") or {}
+    if not target.get("name"):
+        return None
     blocked = waking = None
     right_sizing = spec.get("rightSizing") or {}
     recommendation = status.get("recommendation") or {}
@@ -137,14 +142,19 @@ def sizing_demand(body: Mapping[str, Any]) -> SizingDemand | None:
         if isinstance(resource, str) and isinstance(product, str) and isinstance(replicas, int):
             blocked = (resource, product, replicas)
     scale_to_zero = spec.get("scaleToZero") or {}
-    target = spec.get("targetRef") or {}
-    if scale_to_zero.get("enabled") and status.get("currentReplicas") == 0 and target.get("name"):
+    if scale_to_zero.get("enabled") and status.get("currentReplicas") == 0:
         minimum = (spec.get("replicas") or {}).get("min") or 0
-        wake_to = max(1, minimum) if isinstance(minimum, int) else 1
-        waking = (str(target.get("kind") or "Deployment"), str(target["name"]), wake_to)
+        waking = max(1, minimum) if isinstance(minimum, int) else 1
     if blocked is None and waking is None:
         return None
-    return SizingDemand(str(meta.get("namespace") or ""), str(meta.get("name")), blocked, waking)
+    return SizingDemand(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name")),
+        target_kind=str(target.get("kind") or "Deployment"),
+        target_name=str(target["name"]),
+        blocked=blocked,
+        waking=waking,
+    )
 
 
 def _blocked(status: Mapping[str, Any]) -> bool:

@@ -283,8 +283,7 @@ class Turn:
             since = parse_time(failure.time) or 0.0
             if self.now - since < FAILURE_BACKOFF_SECONDS:
                 self.failures.append((Reason(failure.reason), f"{node.name}: {failure.message}"))
-                until = iso(since + FAILURE_BACKOFF_SECONDS)
-                return f"{failure.reason} at {failure.time}: {failure.message}; held until {until}"
+                return _held_after(failure)
         return None
 
     def check_spec(self) -> None:
@@ -492,6 +491,7 @@ class Turn:
         self.events.append(EventIntent("Warning", event, line))
         self.failures.append((reason, line))
         state.step, state.record, state.message = NodeStep.EXCLUDED, None, line
+        state.held = _held_after(failure)
 
     async def start(self, state: NodeState, layout: NodeLayout) -> bool:
         """Cordon the node with its record in one patch, then write its config."""
@@ -537,6 +537,11 @@ def _target(record: RepartitionRecord) -> NodeLayout | None:
     return layout if layout and config_name(layout) == record.to_config else None
 
 
+def _held_after(failure: RepartitionFailure) -> str:
+    until = iso((parse_time(failure.time) or 0.0) + FAILURE_BACKOFF_SECONDS)
+    return f"{failure.reason} at {failure.time}: {failure.message}; held until {until}"
+
+
 def _failure(node: GpuNode) -> RepartitionFailure | None:
     if not node.failure:
         return None
@@ -579,9 +584,9 @@ async def partition_turn(
                     f"node {node.name} is also selected by GPUPartitioning {', '.join(twice)}",
                 )
             )
-            turn.states.append(NodeState(node, step=NodeStep.EXCLUDED, held="selected twice"))
-            continue
         state = turn.classify(node, pods.get(node.name, []))
+        if twice and state.record is None:
+            state.step, state.held = NodeStep.EXCLUDED, "selected twice"
         if state.problem is not None:
             turn.problems.append(state.problem)
         turn.states.append(state)
@@ -731,12 +736,26 @@ def _outcome(
     full = status.model_copy(update={"conditions": merged}).model_dump(
         by_alias=True, mode="json", exclude_none=True
     )
-    old = dict(obj.status)
-    patch = {k: v for k, v in full.items() if old.get(k) != v}
-    patch.update({k: None for k in old if k not in full})
+    patch = merge_patch(obj.status, full)
     for flipped in _flips(obj.status.get("conditions"), merged):
         events.append(flipped)
     return Outcome(patch, events)
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch from `old` to `new`: changed keys, and null for keys `new` no longer
+    has, in nested objects too (a merge patch merges them; lists it replaces whole)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif before != value:
+            patch[key] = value
+    patch.update({key: None for key in old if key not in new})
+    return patch
 
 
 def _flips(old: Any, new: Sequence[Condition]) -> list[EventIntent]:

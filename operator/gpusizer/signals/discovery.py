@@ -1,5 +1,8 @@
 """What the cluster offers: GPU slices per node from GPU Feature Discovery labels and
-allocatable resources, and how many units are free after the pods already placed.
+allocatable resources, and how many units are free after the pods already placed. A node whose
+MIG layout can change (MIG-capable, mixed strategy) also offers, with nothing free, every
+profile its GPU has: a slice a re-partition can make is one right-sizing may ask for
+(`NoFreeCapacity`), which a GPUPartitioning counts as demand.
 
 Pure: computed from the watches' nodes and pods, at the time the caller passes.
 """
@@ -22,6 +25,7 @@ class NodeInfo:
     product_label: str | None
     allocatable: Mapping[str, int]  # GPU resources only
     schedulable: bool
+    repartitionable: bool = False  # MIG-capable, mixed strategy: any profile can be made
 
 
 def _quantity(value: Any) -> int:
@@ -42,6 +46,8 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
             k: _quantity(v) for k, v in allocatable.items() if k.startswith(GPU_RESOURCE_PREFIX)
         },
         schedulable=not (node.get("spec") or {}).get("unschedulable", False),
+        repartitionable=labels.get("nvidia.com/mig.capable") == "true"
+        and labels.get("nvidia.com/mig.strategy") == "mixed",
     )
 
 
@@ -65,6 +71,11 @@ def offers(catalog: Catalog, nodes: Iterable[NodeInfo], pods: Iterable[PodInfo])
     for node in nodes:
         if not node.product_label or not node.schedulable:
             continue
+        product = catalog.product_by_label(node.product_label)
+        if node.repartitionable and product is not None:
+            for possible in catalog.slices():
+                if possible.profile is not None and possible.product.key == product.key:
+                    free.setdefault(possible, 0)
         for resource, count in node.allocatable.items():
             slice_ = catalog.slice_for(resource, node.product_label)
             if slice_ is None or count <= 0:
