@@ -155,8 +155,11 @@ class Pools:
         return dict(self.cluster.kubectl_json("get", "node", name))
 
     def events(self, name: str) -> list[str]:
+        """This object's events (not those of an earlier one of the same name: events stay an
+        hour)."""
+        uid = self.cluster.kubectl_json("get", "gpupartitioning", name)["metadata"]["uid"]
         found = self.cluster.kubectl_json(
-            "get", "events", "-A", "--field-selector", f"involvedObject.name={name}"
+            "get", "events", "-A", "--field-selector", f"involvedObject.uid={uid}"
         )
         return [e.get("reason", "") for e in found.get("items", [])]
 

@@ -74,6 +74,20 @@ def test_a_drained_node_keeps_the_whole_gpus_its_own_pods_come_back_to() -> None
     assert change.pods == ("llm/a-0", "llm/a-1")
 
 
+def test_no_pod_is_evicted_without_a_slice_to_come_back_to() -> None:
+    small = (("1g.10gb",) * 7,) * 8
+    demand = h100(("1g.10gb", 2), ("7g.80gb", 8))
+    # eight 7g.80gb would hold more of the demand, but evict two pods for good
+    plan = plan_partitions([node("a", pods=2, layout=small)], demand, running=h100(("1g.10gb", 2)))
+    (change,) = plan.changes
+    assert slice_counts(change.layout) == Counter({"7g.80gb": 7, "1g.10gb": 2})
+    assert plan.unmet == {("h100-80gb", "7g.80gb"): 1}
+    full = plan_partitions(
+        [node("a", pods=8)], h100((WHOLE, 8), ("1g.20gb", 3)), running=h100((WHOLE, 8))
+    )
+    assert full.changes == () and full.unmet == {("h100-80gb", "1g.20gb"): 3}
+
+
 def test_fewer_gpus_win_over_moving_no_pods() -> None:
     # two 3g.40gb on two GPUs, each half empty: one GPU holds both
     half = (("3g.40gb",), ("3g.40gb",)) + (None,) * 6

@@ -27,6 +27,7 @@ TemplateLookup = Callable[[str, str, str], Mapping[str, Any] | None]
 @dataclass
 class Demand:
     counts: Counter[SliceKey] = field(default_factory=Counter)
+    running: Counter[SliceKey] = field(default_factory=Counter)  # the part running pods hold
     skipped: list[str] = field(default_factory=list)  # what could not be counted, and why
 
     def add(self, key: SliceKey, n: int) -> None:
@@ -98,6 +99,7 @@ def fleet_demand(
             ask(kind, pod.product_label, pod.count, f"pending pod {pod.key}")
         elif pod.node in node_products and kind is not None:
             demand.add((node_products[pod.node], kind), pod.count)
+            demand.running[(node_products[pod.node], kind)] += pod.count
     for sizing in sizings:
         who = f"WorkloadSizing {sizing.namespace}/{sizing.name}"
         spec = template(sizing.namespace, sizing.target_kind, sizing.target_name)

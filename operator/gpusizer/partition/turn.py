@@ -330,7 +330,7 @@ class Turn:
             for s in self.states
             if s.product is not None and s.layout is not None and s.problem is None
         ]
-        return plan_partitions(nodes, demand.counts, self.spec.allowed_profiles)
+        return plan_partitions(nodes, demand.counts, self.spec.allowed_profiles, demand.running)
 
     # --- acting ----------------------------------------------------------------------------
 

@@ -3,10 +3,11 @@
 Pure and deterministic. Demand is a count of slices per (product, slice kind), a kind being a
 MIG profile or WHOLE; a layout holds the demand when its slices, over every GPU, cover it. The
 plan re-partitions whole nodes (a node is drained as one), choosing, in this order: the least
-unmet demand, the fewest GPUs holding the demand, the fewest GPU pods evicted (nodes without
-pods first: no drain), the fewest nodes changed. It changes nothing unless that lowers the
-unmet demand or the GPU count, and never proposes a layout the product cannot hold or one with
-a profile outside `allowed`.
+unmet demand of running pods (a pod is never evicted without a slice to come back to), the
+least unmet demand, the fewest GPUs holding the demand, the fewest GPU pods evicted (nodes
+without pods first: no drain), the fewest nodes changed. It changes nothing unless that lowers
+the unmet demand or the GPU count, and never proposes a layout the product cannot hold or one
+with a profile outside `allowed`.
 
 The search: nodes ordered by the pods a change would evict, each prefix of that order tried as
 the set of nodes re-partitioned (their GPUs packed afresh, first fit decreasing, around what
@@ -87,13 +88,20 @@ class _Fits:
 
 @dataclass(frozen=True)
 class _Outcome:
+    unmet_running: int
     unmet: Counter[str]
     gpus: int
     layouts: Mapping[str, NodeLayout]  # proposed, for the nodes that change
     pods: int
 
-    def key(self) -> tuple[int, int, int, int]:
-        return (sum(self.unmet.values()), self.gpus, self.pods, len(self.layouts))
+    def key(self) -> tuple[int, int, int, int, int]:
+        return (
+            self.unmet_running,
+            sum(self.unmet.values()),
+            self.gpus,
+            self.pods,
+            len(self.layouts),
+        )
 
 
 @dataclass
@@ -103,6 +111,7 @@ class _Product:
     product: GPUProduct
     nodes: list[PlanNode]
     need: Counter[str]
+    running: Counter[str]  # the part of `need` running pods hold now
     allowed: Collection[str]
     fits: _Fits
     weights: dict[str, int] = field(init=False)
@@ -134,10 +143,22 @@ class _Product:
         kept = [gpu for n in self.nodes if n.name not in names for gpu in n.layout]
         used, remaining = self._cover(kept, self.need)
         free = sum(len(n.layout) for n in changed)
-        packed, unmet = self._pack(remaining, free)
+        packed, unmet = min(
+            (self._pack(remaining, free, first) for first in (Counter(), self._running(remaining))),
+            key=lambda p: (self._unmet_running(p[1]), sum(p[1].values()), len(p[0])),
+        )
         layouts = self._assign(changed, packed)
         pods = sum(len(n.pods) for n in changed if n.name in layouts)
-        return _Outcome(unmet, used + len(packed), layouts, pods)
+        return _Outcome(self._unmet_running(unmet), unmet, used + len(packed), layouts, pods)
+
+    def _running(self, remaining: Counter[str]) -> Counter[str]:
+        """What of `remaining` running pods need (any slice of a kind holds either)."""
+        return Counter(
+            {k: min(n, max(0, self.running[k] - (self.need[k] - n))) for k, n in remaining.items()}
+        )
+
+    def _unmet_running(self, unmet: Counter[str]) -> int:
+        return sum(max(0, self.running[k] - (self.need[k] - unmet[k])) for k in self.running)
 
     def _value(self, gpu: GpuLayout, remaining: Counter[str]) -> int:
         have = Counter(slices_of(gpu))
@@ -163,14 +184,21 @@ class _Product:
             used += 1
         return used, remaining
 
-    def _pack(self, remaining: Counter[str], limit: int) -> tuple[list[GpuLayout], Counter[str]]:
-        """First fit decreasing into at most `limit` GPUs; what does not fit is unmet."""
+    def _pack(
+        self, remaining: Counter[str], limit: int, first: Counter[str]
+    ) -> tuple[list[GpuLayout], Counter[str]]:
+        """First fit decreasing into at most `limit` GPUs, `first` before the rest of
+        `remaining`; what does not fit is unmet."""
         unmet: Counter[str] = Counter()
         bins: list[list[str] | None] = []
-        items = sorted(
-            (k for k, n in remaining.items() for _ in range(n)),
-            key=lambda k: (tuple(-x for x in self.size(k)), k),
-        )
+
+        def decreasing(counts: Counter[str]) -> list[str]:
+            return sorted(
+                (k for k, n in counts.items() for _ in range(n)),
+                key=lambda k: (tuple(-x for x in self.size(k)), k),
+            )
+
+        items = decreasing(first) + decreasing(remaining - first)
         for kind in items:
             if not self.may_create(kind):
                 unmet[kind] += 1
@@ -228,9 +256,11 @@ def plan_partitions(
     nodes: Sequence[PlanNode],
     demand: Mapping[SliceKey, int],
     allowed: Collection[str] = (),
+    running: Mapping[SliceKey, int] | None = None,
 ) -> Plan:
-    """The plan for `nodes` to hold `demand` (spare slices included); `allowed` limits the
-    profiles a new layout may contain (empty: any the product has)."""
+    """The plan for `nodes` to hold `demand` (spare slices included); `running` is the part of
+    it running pods hold now; `allowed` limits the profiles a new layout may contain (empty:
+    any the product has)."""
     fits = _Fits()
     ordered = sorted(nodes, key=lambda n: (n.product.key, n.name))
     changes: list[NodeChange] = []
@@ -242,11 +272,12 @@ def plan_partitions(
     for key in sorted(products.keys() | wanted):
         group = [n for n in ordered if n.product.key == key]
         need = Counter({kind: n for (p, kind), n in demand.items() if p == key and n > 0})
+        held = Counter({k: n for (p, k), n in (running or {}).items() if p == key and n > 0})
         if not group:
             unmet_now.update({(key, k): n for k, n in need.items()})
             unmet.update({(key, k): n for k, n in need.items()})
             continue
-        planner = _Product(products[key], group, need, allowed, fits)
+        planner = _Product(products[key], group, need, held & need, allowed, fits)
         now = planner.evaluate([])
         best, chosen = _search(planner, group, now)
         gpus_now += now.gpus
@@ -293,6 +324,6 @@ def _search(
     for node in reversed(list(chosen)):
         fewer = [n for n in chosen if n is not node]
         outcome = planner.evaluate(fewer)
-        if outcome.key()[:2] == best.key()[:2] and outcome.key() <= best.key():
+        if outcome.key()[:3] == best.key()[:3] and outcome.key() <= best.key():
             best, chosen = outcome, fewer
     return best, [n for n in chosen if n.name in best.layouts]
