@@ -127,6 +127,12 @@ ACTIVATOR_OUT ?= bench-activator.json
 bench-activator: venv prometheus cluster-binary ## Activator on the local cluster: wake latency, loss, overhead (ACTIVATOR_OUT=bench-activator.json)
 	$(PY) bench/activator.py --out $(ACTIVATOR_OUT)
 
+PARTITIONING_OUT ?= bench-partitioning.json
+
+.PHONY: bench-partitioning
+bench-partitioning: venv ## GPUs generated fleets need: whole GPUs, gpusizer's plan, the exact optimum (PARTITIONING_OUT=bench-partitioning.json)
+	$(PY) bench/partitioning.py --out $(PARTITIONING_OUT)
+
 # variables, not $(or ...): a function splits its arguments at the commas of the list
 SIZES ?= 100,1000,5000
 OUT ?= bench-scale.json

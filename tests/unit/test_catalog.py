@@ -12,6 +12,7 @@ from gpusizer.catalog import (
     load_catalog,
     named_layout,
     resources_for_layout,
+    valid_layouts,
 )
 
 
@@ -327,3 +328,13 @@ def test_malformed_override_names_the_field(tmp_path: Path, text: str, field: st
     with pytest.raises(ValueError, match=r"bad\.yaml") as info:
         load_catalog(override)
     assert field in str(info.value)
+
+
+def test_valid_layouts_are_every_layout_the_gpu_holds_and_no_other() -> None:
+    h100 = load_catalog().products["h100-80gb"]
+    layouts = valid_layouts(h100)
+    assert len(layouts) == len(set(layouts))
+    assert ("1g.10gb",) * 7 in layouts and ("2g.20gb", "2g.20gb", "2g.20gb") in layouts
+    assert ("1g.10gb",) * 8 not in layouts and ("4g.40gb", "4g.40gb") not in layouts
+    assert all(layout_is_valid(h100, list(layout)) for layout in layouts)
+    assert valid_layouts(load_catalog().products["l4"]) == []

@@ -35,3 +35,9 @@ def test_bench_activator_writes_its_figures_where_asked() -> None:
     assert "bench/activator.py --out bench-activator.json" in dry_run("bench-activator")
     command = dry_run("bench-activator", "ACTIVATOR_OUT=/tmp/activator.json")
     assert command.endswith("bench/activator.py --out /tmp/activator.json")
+
+
+def test_bench_partitioning_writes_the_file_asked_for() -> None:
+    assert "bench/partitioning.py --out bench-partitioning.json" in dry_run("bench-partitioning")
+    command = dry_run("bench-partitioning", "PARTITIONING_OUT=/tmp/p.json")
+    assert command.endswith("bench/partitioning.py --out /tmp/p.json")

@@ -96,6 +96,14 @@ def test_fewer_gpus_win_over_moving_no_pods() -> None:
     assert plan.changes[0].layout.count(("3g.40gb", "3g.40gb")) == 1
 
 
+def test_layouts_are_packed_as_tight_as_memory_allows() -> None:
+    # 63 memory slots: 8 GPUs at best; first fit decreasing alone needs 9, leaving a slot empty
+    # beside seven 1g.10gb where a 1g.20gb and six 1g.10gb fill a GPU
+    demand = h100(("1g.10gb", 17), ("1g.20gb", 9), ("2g.20gb", 8), ("3g.40gb", 3))
+    plan = plan_partitions([node("a"), node("b")], demand)
+    assert plan.gpus_planned == 8 and plan.unmet == {}
+
+
 def test_no_change_for_a_tie_in_gpus() -> None:
     layout = (("2g.20gb", "2g.20gb", "2g.20gb"),) + (None,) * 7
     plan = plan_partitions([node("a", pods=3, layout=layout)], h100(("2g.20gb", 3)))

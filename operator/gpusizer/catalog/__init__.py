@@ -7,6 +7,7 @@ from gpusizer.catalog.placement import (
     layout_is_valid,
     named_layout,
     resources_for_layout,
+    valid_layouts,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "load_catalog",
     "named_layout",
     "resources_for_layout",
+    "valid_layouts",
 ]

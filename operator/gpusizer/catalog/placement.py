@@ -47,6 +47,23 @@ def _place(remaining: list[MigProfile], used: list[bool]) -> bool:
     return False
 
 
+def valid_layouts(product: GPUProduct) -> list[tuple[str, ...]]:
+    """Every layout the product holds, as sorted profile names (a few hundred at most: a layout
+    that does not fit fits no larger one, so the search stops there)."""
+    profiles = sorted(product.mig.profiles) if product.mig else []
+    found: list[tuple[str, ...]] = []
+
+    def grow(layout: tuple[str, ...], start: int) -> None:
+        for i in range(start, len(profiles)):
+            bigger = (*layout, profiles[i])
+            if layout_is_valid(product, list(bigger)):
+                found.append(bigger)
+                grow(bigger, i)
+
+    grow((), 0)
+    return found
+
+
 def named_layout(product: GPUProduct, name: str) -> list[str] | None:
     """Profiles per GPU for a standard layout name; [] is the whole GPU; None if it cannot hold."""
     if name == DISABLED:

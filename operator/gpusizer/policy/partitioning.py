@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpusizer.catalog import GPUProduct, layout_is_valid
+from gpusizer.catalog import GPUProduct, layout_is_valid, valid_layouts
 from gpusizer.catalog.migparted import GpuLayout, NodeLayout
 
 WHOLE = "gpu"
@@ -77,12 +77,19 @@ class _Fits:
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, tuple[str, ...]], bool] = {}
+        self._all: dict[str, list[tuple[str, ...]]] = {}
 
     def __call__(self, product: GPUProduct, profiles: tuple[str, ...]) -> bool:
-        key = (product.key, tuple(sorted(profiles)))
+        key = (product.key, profiles)
         found = self._known.get(key)
         if found is None:
-            found = self._known[key] = layout_is_valid(product, list(key[1]))
+            found = self._known[key] = layout_is_valid(product, sorted(profiles))
+        return found
+
+    def layouts(self, product: GPUProduct) -> list[tuple[str, ...]]:
+        found = self._all.get(product.key)
+        if found is None:
+            found = self._all[product.key] = valid_layouts(product)
         return found
 
 
@@ -143,9 +150,12 @@ class _Product:
         kept = [gpu for n in self.nodes if n.name not in names for gpu in n.layout]
         used, remaining = self._cover(kept, self.need)
         free = sum(len(n.layout) for n in changed)
+        packings = [
+            self._pack(remaining, free, first) for first in (Counter(), self._running(remaining))
+        ]
+        packings.append(self._pack_by_layout(remaining, free))
         packed, unmet = min(
-            (self._pack(remaining, free, first) for first in (Counter(), self._running(remaining))),
-            key=lambda p: (self._unmet_running(p[1]), sum(p[1].values()), len(p[0])),
+            packings, key=lambda p: (self._unmet_running(p[1]), sum(p[1].values()), len(p[0]))
         )
         layouts = self._assign(changed, packed)
         pods = sum(len(n.pods) for n in changed if n.name in layouts)
@@ -159,6 +169,18 @@ class _Product:
 
     def _unmet_running(self, unmet: Counter[str]) -> int:
         return sum(max(0, self.running[k] - (self.need[k] - unmet[k])) for k in self.running)
+
+    def fewest_gpus(self) -> int:
+        """No plan holds the demand on fewer GPUs: whole GPUs, plus the MIG instances' memory
+        slots and compute slices over one GPU's."""
+        mig = self.product.mig
+        mig_need = [(k, n) for k, n in self.need.items() if k != WHOLE and self.may_create(k)]
+        if mig is None or not mig_need:
+            return self.need[WHOLE]
+        memory = sum(self.size(k)[0] * n for k, n in mig_need)
+        compute = sum(self.size(k)[1] * n for k, n in mig_need)
+        per_gpu = max(-(-memory // mig.memory_slots), -(-compute // mig.compute_slices))
+        return self.need[WHOLE] + per_gpu
 
     def _value(self, gpu: GpuLayout, remaining: Counter[str]) -> int:
         have = Counter(slices_of(gpu))
@@ -199,6 +221,9 @@ class _Product:
             )
 
         items = decreasing(first) + decreasing(remaining - first)
+        mig = self.product.mig
+        room = (mig.memory_slots, mig.compute_slices) if mig else (0, 0)
+        used: list[list[int]] = []  # memory slots and compute slices taken, per bin
         for kind in items:
             if not self.may_create(kind):
                 unmet[kind] += 1
@@ -206,19 +231,74 @@ class _Product:
             if kind == WHOLE:
                 if len(bins) < limit:
                     bins.append(None)
+                    used.append(list(room))
                 else:
                     unmet[kind] += 1
                 continue
-            for current in bins:
-                if current is not None and self.fits(self.product, (*current, kind)):
+            memory, compute = self.size(kind)
+            for current, taken in zip(bins, used, strict=True):
+                if (
+                    current is not None
+                    and taken[0] + memory <= room[0]
+                    and taken[1] + compute <= room[1]
+                    and self.fits(self.product, (*current, kind))
+                ):
                     current.append(kind)
+                    taken[0] += memory
+                    taken[1] += compute
                     break
             else:
                 if len(bins) < limit:
                     bins.append([kind])
+                    used.append([memory, compute])
                 else:
                     unmet[kind] += 1
         return [None if b is None else tuple(sorted(b)) for b in bins], unmet
+
+    def _pack_by_layout(
+        self, remaining: Counter[str], limit: int
+    ) -> tuple[list[GpuLayout], Counter[str]]:
+        """GPU after GPU, the layout that fills the most of its memory, then of its compute,
+        with the largest instances, from what is left: first fit decreasing leaves a memory
+        slot empty beside seven 1g instances where a 1g.20gb would have filled it."""
+        bins: list[GpuLayout] = []
+        unmet: Counter[str] = Counter()
+        left: Counter[str] = Counter()
+        for k, n in remaining.items():
+            if k == WHOLE:
+                taken = min(n, limit - len(bins))
+                bins += [None] * taken
+                unmet[k] += n - taken
+            elif self.may_create(k):
+                left[k] = n
+            else:
+                unmet[k] += n
+        candidates = sorted(
+            (
+                (self._fill(layout), tuple(Counter(layout).items()), layout)
+                for layout in self.fits.layouts(self.product)
+                if all(self.may_create(k) for k in layout)
+            ),
+            reverse=True,
+        )
+        while +left and len(bins) < limit:
+            best = next(
+                (c for c in candidates if all(left[k] >= n for k, n in c[1])),
+                None,
+            )
+            if best is None:
+                break
+            _, counts, layout = best
+            # the same layout as long as it stays the fullest: it does while all of it is left
+            times = min(limit - len(bins), *(left[k] // n for k, n in counts))
+            for k, n in counts:
+                left[k] -= n * times
+            bins += [layout] * times
+        return bins, unmet + left
+
+    def _fill(self, layout: tuple[str, ...]) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+        sizes = sorted((self.size(k) for k in layout), reverse=True)
+        return (sum(m for m, _ in sizes), sum(c for _, c in sizes), tuple(sizes))
 
     def _assign(
         self, changed: Sequence[PlanNode], packed: list[GpuLayout]
@@ -315,7 +395,10 @@ def _search(
     then every node of the best one dropped that it does not need."""
     candidates = sorted((n for n in group if n.changeable), key=lambda n: (len(n.pods), n.name))
     best, chosen = now, []
+    floor = planner.fewest_gpus()
     for size in range(1, len(candidates) + 1):
+        if best.key()[:3] == (0, 0, floor):
+            break  # nothing does better: a longer prefix only moves more pods
         outcome = planner.evaluate(candidates[:size])
         if outcome.key() < best.key():
             best, chosen = outcome, candidates[:size]
