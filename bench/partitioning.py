@@ -14,7 +14,8 @@ bound by memory bandwidth) at a demand drawn low, as measured fleets run.
   the operator's planner (`policy.partitioning.plan_partitions`) run as the operator runs it:
   from the whole-GPU deployment, one node re-partition at a time, workloads moving once their
   slices exist, until nothing changes. `plan_gpus` is the GPUs holding the demand at the end,
-  `pods_moved` the pods its drains evicted, `plan_seconds` its slowest plan.
+  `pods_moved` the pods its drains evicted, `plan_seconds` its slowest plan (each plan timed
+  three times, the fastest kept).
 - optimum: the fewest H100s holding the same slices, an integer program over every valid MIG
   layout of the GPU (scipy.optimize.milp, HiGHS): exact.
 """
@@ -51,6 +52,7 @@ GPUS_PER_NODE = 8
 TARGET_UTILIZATION = 70.0
 BATCH = 16  # the decode batch the throughput is taken at
 MAX_ROUNDS = 400
+TIMINGS = 3  # each plan timed this often, the fastest kept: the machine is shared and noisy
 
 
 @dataclass(frozen=True)
@@ -254,13 +256,16 @@ def operate(workloads: list[Workload], nodes_count: int) -> Run:
         plan_nodes = [
             PlanNode(n.name, H100, tuple(n.layout), tuple(p for p, _ in n.pods)) for n in nodes
         ]
-        started = time.perf_counter()
-        plan = plan_partitions(
-            plan_nodes,
-            {(PRODUCT, k): v for k, v in demand.items()},
-            running={(PRODUCT, k): v for k, v in running.items()},
-        )
-        slowest = max(slowest, time.perf_counter() - started)
+        seconds = []
+        for _ in range(TIMINGS):
+            started = time.perf_counter()
+            plan = plan_partitions(
+                plan_nodes,
+                {(PRODUCT, k): v for k, v in demand.items()},
+                running={(PRODUCT, k): v for k, v in running.items()},
+            )
+            seconds.append(time.perf_counter() - started)
+        slowest = max(slowest, min(seconds))
         progress = False
         if plan.changes:
             change = plan.changes[0]

@@ -14,6 +14,7 @@ cordoned halfway.
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -592,7 +593,8 @@ async def partition_turn(
         turn.states.append(state)
     turn.check_spec()
     demand = turn.demand()
-    plan = turn.plan(demand)
+    # a few hundred GPUs take a second or more to plan (bench/README.md): off the event loop
+    plan = await asyncio.to_thread(turn.plan, demand)
     for state in turn.states:
         if state.record is not None:
             await turn.carry(state)
