@@ -11,6 +11,7 @@ import pytest
 import yaml
 from gpusizer.api.partitioning import RepartitionRecord
 from gpusizer.catalog import load_catalog
+from gpusizer.catalog.loader import deep_merge
 from gpusizer.catalog.migparted import config_name, parse_config, with_configs
 from gpusizer.partition.objects import ConfigMapRef, GpuNode, GpuPod, SizingDemand
 from gpusizer.partition.turn import (
@@ -67,22 +68,6 @@ class Cluster:
         self.obj = replace(self.obj, spec={"nodeSelector": {"pool": "fleet"}, **spec})
         self.selectors[self.obj.name] = dict(self.obj.spec["nodeSelector"])
 
-    def apply(self, patch: Mapping[str, Any]) -> dict[str, Any]:
-        """A JSON merge patch applied to the status, as the API server applies it."""
-
-        def merged(base: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:
-            out = dict(base)
-            for key, value in change.items():
-                if value is None:
-                    out.pop(key, None)
-                elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-                    out[key] = merged(out[key], value)
-                else:
-                    out[key] = value
-            return out
-
-        return merged(self.obj.status, patch)
-
     async def turn(self, seconds: float = 5) -> Outcome:
         self.now += seconds
         view = PartitionView(
@@ -94,7 +79,8 @@ class Cluster:
         )
         services = PartitionServices(CATALOG, self.nodes, REF)
         outcome = await partition_turn(self.obj, view, services, self.now)
-        self.obj = replace(self.obj, status=self.apply(outcome.status_patch))
+        # a merge patch, as the API server applies it to the status
+        self.obj = replace(self.obj, status=deep_merge(dict(self.obj.status), outcome.status_patch))
         return outcome
 
     def condition(self, type_: str) -> Mapping[str, Any]:

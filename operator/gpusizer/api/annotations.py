@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -28,14 +29,21 @@ RESHAPE_ANNOTATION = f"{GROUP}/reshape"
 PREVIOUS_SLICE_ANNOTATION = f"{GROUP}/previous-slice"
 
 
-class _Record(BaseModel):
+class Record(BaseModel):
+    """A record kept as JSON in an annotation."""
+
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+    @classmethod
+    def parse(cls, raw: str) -> Self:
+        """Raises ValueError (pydantic's ValidationError is one) for a record it cannot read."""
+        return cls.model_validate_json(raw)
 
     def annotation(self) -> str:
         return json.dumps(self.model_dump(by_alias=True, mode="json"), sort_keys=True)
 
 
-class Placement(_Record):
+class Placement(Record):
     """Where a workload runs: a slice of a product, and how many replicas."""
 
     slice: str
@@ -51,7 +59,7 @@ class ReshapeState(StrEnum):
     ROLLED_BACK = "RolledBack"
 
 
-class ReshapeRecord(_Record):
+class ReshapeRecord(Record):
     """A slice change: started, then Done or RolledBack."""
 
     state: ReshapeState
@@ -62,11 +70,6 @@ class ReshapeRecord(_Record):
     started: str = Field(description="RFC 3339 time the change was written")
     deadline_seconds: float = Field(alias="deadlineSeconds", gt=0)
     message: str = ""
-
-    @classmethod
-    def parse(cls, raw: str) -> ReshapeRecord:
-        """Raises ValueError (pydantic's ValidationError is one) for a record it cannot read."""
-        return cls.model_validate_json(raw)
 
     def moved_message(self) -> str:
         return f"now on {self.to.slice} ({self.to.product}): {self.message}"

@@ -7,13 +7,13 @@ Cluster-scoped: it selects GPU nodes by label, so two of them must never select 
 
 from __future__ import annotations
 
-import json
 import re
 from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpusizer.api.annotations import Record
 from gpusizer.api.v1alpha1 import GROUP, Condition, Mode, cel
 
 KIND = "GPUPartitioning"
@@ -239,10 +239,8 @@ REPARTITION_ANNOTATION = f"{GROUP}/repartition"
 node's step instead of starting a second drain."""
 
 
-class RepartitionRecord(BaseModel):
+class RepartitionRecord(Record):
     """One node's re-partition, from cordon to uncordon."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
     partitioning: str = Field(description="The GPUPartitioning that started it.")
     step: NodeStep
@@ -260,31 +258,16 @@ class RepartitionRecord(BaseModel):
     )
     message: str = ""
 
-    @classmethod
-    def parse(cls, raw: str) -> RepartitionRecord:
-        """Raises ValueError (pydantic's ValidationError is one) for a record it cannot read."""
-        return cls.model_validate_json(raw)
-
-    def annotation(self) -> str:
-        return json.dumps(self.model_dump(by_alias=True, mode="json"), sort_keys=True)
-
 
 REPARTITION_FAILURE_ANNOTATION = f"{GROUP}/repartition-failure"
 """On a node whose last re-partition did not finish: why, so the planner leaves the node alone
 for a while (restarts included) and the status keeps saying why."""
 
 
-class RepartitionFailure(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+class RepartitionFailure(Record):
+    """Why a node's last re-partition did not finish, and when."""
 
     reason: str = Field(description="The Partitioned condition's reason for it.")
     config: str = Field(description="The config that was not applied.")
     time: str = Field(description="RFC 3339 time it ended.")
     message: str = ""
-
-    @classmethod
-    def parse(cls, raw: str) -> RepartitionFailure:
-        return cls.model_validate_json(raw)
-
-    def annotation(self) -> str:
-        return json.dumps(self.model_dump(by_alias=True, mode="json"), sort_keys=True)

@@ -20,12 +20,11 @@ from gpusizer.api.v1alpha1 import GROUP, VERSION
 from gpusizer.api.v1alpha1 import PLURAL as SIZINGS
 from gpusizer.catalog import load_catalog
 from gpusizer.kube import OnePerKey, api_client
-from gpusizer.partition.kube import KubeNodes, PartitioningStatusWriter
+from gpusizer.partition.kube import KubeNodes
 from gpusizer.partition.objects import (
     ConfigMapRef,
     GpuNode,
     GpuPod,
-    PartitionProblem,
     SizingDemand,
     gpu_node,
     gpu_pod,
@@ -37,6 +36,7 @@ from gpusizer.partition.turn import (
     PartitionView,
     partition_turn,
 )
+from gpusizer.report.writer import PartitioningStatusWriter, StatusNotWritten
 from gpusizer.settings import OperatorSettings
 
 
@@ -128,5 +128,5 @@ def register(settings: OperatorSettings) -> None:
         if outcome.status_patch:
             try:
                 await partitioner.status.write(name, outcome.status_patch)
-            except PartitionProblem as exc:
+            except StatusNotWritten as exc:
                 logger.warning("writing the status failed; written again next turn: %s", exc)

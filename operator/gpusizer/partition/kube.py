@@ -1,6 +1,5 @@
-"""The Kubernetes side of re-partitioning: node patches, evictions through the Eviction API,
-the mig-parted ConfigMap and the GPUPartitioning status (`ports.NodeClient` and
-`ports.PartitioningStatusSink`)."""
+"""The Kubernetes side of re-partitioning (`ports.NodeClient`): node patches, evictions through
+the Eviction API, and the mig-parted ConfigMap."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpusizer.api.partitioning import PLURAL
-from gpusizer.api.v1alpha1 import GROUP, VERSION
 from gpusizer.catalog.migparted import CONFIG_KEY
 from gpusizer.partition.objects import ConfigMapRef, PartitionProblem
 
@@ -100,25 +97,3 @@ class KubeNodes:
             _content_type=MERGE_PATCH,
         )
         return str(written.metadata.resource_version or "")
-
-
-class PartitioningStatusWriter:
-    def __init__(self, api_client: k8s.ApiClient) -> None:
-        self._api = k8s.CustomObjectsApi(api_client)
-
-    async def write(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            written = await asyncio.to_thread(
-                self._api.patch_cluster_custom_object_status,
-                GROUP,
-                VERSION,
-                PLURAL,
-                name,
-                {"status": dict(patch)},
-            )
-        except ApiException as exc:
-            raise PartitionProblem(f"HTTP {exc.status} {exc.reason}") from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise PartitionProblem(str(exc)) from exc
-        status = written.get("status") if isinstance(written, Mapping) else None
-        return dict(status) if isinstance(status, Mapping) else {}
