@@ -20,6 +20,7 @@ from gpusizer.partition.turn import (
     PartitioningObject,
     PartitionServices,
     PartitionView,
+    Written,
     partition_turn,
 )
 
@@ -68,16 +69,19 @@ class Cluster:
         self.obj = replace(self.obj, spec={"nodeSelector": {"pool": "fleet"}, **spec})
         self.selectors[self.obj.name] = dict(self.obj.spec["nodeSelector"])
 
-    async def turn(self, seconds: float = 5) -> Outcome:
+    written: Written = field(default_factory=Written)  # this process's memory across turns
+
+    async def turn(self, seconds: float = 5, nodes: dict[str, GpuNode] | None = None) -> Outcome:
+        """A turn on what the watches show: the nodes as they are, or `nodes` (a watch behind)."""
         self.now += seconds
         view = PartitionView(
-            nodes=dict(self.nodes.nodes),
+            nodes=dict(self.nodes.nodes if nodes is None else nodes),
             pods=list(self.pods),
             sizings=list(self.sizings),
             template=lambda ns, kind, name: None,
             selectors=self.selectors,
         )
-        services = PartitionServices(CATALOG, self.nodes, REF)
+        services = PartitionServices(CATALOG, self.nodes, REF, self.written)
         outcome = await partition_turn(self.obj, view, services, self.now)
         # a merge patch, as the API server applies it to the status
         self.obj = replace(self.obj, status=deep_merge(dict(self.obj.status), outcome.status_patch))
@@ -533,3 +537,28 @@ async def test_demand_that_went_away_leaves_the_status_too() -> None:
     assert (
         "unmet" not in cluster.obj.status["summary"] or not cluster.obj.status["summary"]["unmet"]
     )
+
+
+async def test_a_watch_behind_gpusizers_own_write_is_waited_for() -> None:
+    cluster = fleet(gfd_node("a"))
+    needing_a_slice(cluster)
+    before = dict(cluster.nodes.nodes)
+    await cluster.turn()  # cordoned, record written
+    patches = len(cluster.nodes.patches)
+    # the watch still shows the node from before the cordon: nothing is done a second time
+    again = await cluster.turn(nodes=before)
+    assert len(cluster.nodes.patches) == patches and "RepartitionStarted" not in reasons(again)
+    assert "waiting for the watch" in cluster.node_plan("a")["message"]
+    await cluster.turn()  # the watch caught up: the move goes on
+    assert cluster.record("a").step == "Configuring"
+    stale = dict(cluster.nodes.nodes)
+    cluster.mig_manager("a", "success")
+    await cluster.turn()
+    uncordoned = len(cluster.nodes.patches)
+    await cluster.turn(nodes={"a": replace(stale["a"], labels=cluster.nodes.nodes["a"].labels)})
+    assert len(cluster.nodes.patches) == uncordoned  # not finished twice
+    # a watch that never shows the write (someone else changed the node) is believed in time
+    await cluster.turn(
+        seconds=61, nodes={"a": replace(stale["a"], labels=cluster.nodes.nodes["a"].labels)}
+    )
+    assert len(cluster.nodes.patches) == uncordoned + 1

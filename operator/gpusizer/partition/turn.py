@@ -72,7 +72,33 @@ from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
 FAILURE_BACKOFF_SECONDS = 3600.0
 """A node whose re-partition did not finish is left alone this long (its annotation says why)."""
+WATCH_GRACE_SECONDS = 60.0
+"""How long a node whose watch does not show gpusizer's own last write yet is waited for."""
 APPLYING_STATES = ("pending", "rebooting")
+
+
+class Written:
+    """The record this process last wrote on each node, and when: a turn must not act on a
+    node its watch shows from before that write (it would cordon it, or set its label, a
+    second time)."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, tuple[str | None, float]] = {}
+
+    def wrote(self, node: str, record: str | None, now: float) -> None:
+        self._records[node] = (record, now)
+
+    def behind(self, node: GpuNode, now: float) -> bool:
+        """The watch does not show the last write yet (given a grace period: someone else may
+        have changed the record since)."""
+        found = self._records.get(node.name)
+        if found is None:
+            return False
+        record, when = found
+        if record == node.record or now - when > WATCH_GRACE_SECONDS:
+            del self._records[node.name]
+            return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -80,6 +106,7 @@ class PartitionServices:
     catalog: Catalog
     nodes: NodeClient
     config_map: ConfigMapRef
+    written: Written = field(default_factory=Written)
 
 
 @dataclass(frozen=True)
@@ -121,6 +148,7 @@ class NodeState:
     terminating: int = 0
     problem: tuple[Reason, str] | None = None  # bad input: nothing moves while it lasts
     held: str | None = None  # why the plan may not change it
+    behind: bool = False  # the watch does not show this process's last write on it yet
     step: NodeStep = NodeStep.UNCHANGED
     message: str = ""
 
@@ -204,7 +232,9 @@ class Turn:
         return node_layout(entries, product, gpus, name)
 
     def classify(self, node: GpuNode, pods: Sequence[GpuPod]) -> NodeState:
-        state = NodeState(node)
+        state = NodeState(node, behind=self.services.written.behind(node, self.now))
+        if state.behind:
+            state.held = state.message = "waiting for the watch to show gpusizer's last change"
         state.pods = [p for p in pods if not p.terminating]
         state.terminating = len(pods) - len(state.pods)
         label = node.product_label
@@ -326,7 +356,7 @@ class Turn:
                 product=s.product,
                 layout=s.layout,
                 pods=tuple(p.key for p in s.pods),
-                changeable=s.record is None and s.held is None,
+                changeable=s.record is None and s.held is None and not s.behind,
             )
             for s in self.states
             if s.product is not None and s.layout is not None and s.problem is None
@@ -414,6 +444,7 @@ class Turn:
                     },
                     unschedulable=False if record.cordoned else None,
                 )
+                self.services.written.wrote(name, None, self.now)
                 self.events.append(
                     EventIntent("Normal", EventReason.REPARTITIONED, f"node {name}: {message}")
                 )
@@ -463,6 +494,7 @@ class Turn:
             labels={MIG_CONFIG_LABEL: config, MIG_STATE_LABEL: None},
             annotations={REPARTITION_ANNOTATION: updated.annotation()},
         )
+        self.services.written.wrote(state.name, updated.annotation(), self.now)
         state.record, state.step = updated, step
 
     async def _end_badly(self, state: NodeState, action: Action, message: str) -> None:
@@ -486,6 +518,7 @@ class Turn:
             },
             unschedulable=False if uncordon else None,
         )
+        self.services.written.wrote(state.name, None, self.now)
         line = f"node {state.name}: {message}" + (
             "" if uncordon or not record.cordoned else "; left cordoned for them"
         )
@@ -515,6 +548,7 @@ class Turn:
         except PartitionProblem as exc:
             state.message = f"could not cordon: {exc}"
             return False
+        self.services.written.wrote(state.name, record.annotation(), self.now)
         state.record, state.step, state.layout = record, NodeStep.DRAINING, layout
         problem = await self.ensure_config(target, layout)
         state.message = problem or f"cordoned; draining {len(state.pods)} GPU pod(s)"
@@ -596,11 +630,11 @@ async def partition_turn(
     # a few hundred GPUs take a second or more to plan (bench/README.md): off the event loop
     plan = await asyncio.to_thread(turn.plan, demand)
     for state in turn.states:
-        if state.record is not None:
+        if state.record is not None and not state.behind:
             await turn.carry(state)
     by_name = {s.name: s for s in turn.states}
     changes = {c.node: c for c in plan.changes}
-    in_flight = sum(1 for s in turn.states if s.record is not None)
+    in_flight = sum(1 for s in turn.states if s.record is not None or s.behind)
     if spec.mode == Mode.AUTO and not turn.problems:
         for change in plan.changes:
             if in_flight >= spec.max_nodes_unavailable:
