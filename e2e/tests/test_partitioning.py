@@ -121,6 +121,14 @@ class Pools:
         self.nodes += [n for n in names if n not in self.nodes]
         for name in names:
             self.cluster.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
+            wait_until(
+                lambda n=name: (
+                    "gpusim.gpusizer.io/mig-layout-applied"
+                    in (self.node(n)["metadata"].get("annotations") or {})
+                ),
+                30,
+                what=f"the emulated mig-manager adopting {name}",
+            )
         return names
 
     def partitioning(self, name: str, pool: str, **spec: Any) -> subprocess.CompletedProcess[str]:
