@@ -307,7 +307,9 @@ def manifests(cluster: Cluster) -> Cluster:
 @pytest.fixture(scope="session")
 def operator(manifests: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     cluster = manifests
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"), scrape=True)
+    # the emulated mig-manager reads the ConfigMap through the API, not a kubelet-refreshed file
+    settle = ["--mig-config-settle", "0"]
+    op = Operator(cluster, tmp_path_factory.mktemp("operator"), extra_args=settle, scrape=True)
     try:
         op.start()
         yield op

@@ -115,6 +115,14 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "[GPUSIZER_MIG_CONFIG_MAP]",
     )
     p.add_argument(
+        "--mig-config-settle",
+        type=float,
+        default=float(_env("MIG_CONFIG_SETTLE", "60") or 60),
+        help="seconds between writing a layout into that ConfigMap and setting a node's "
+        "nvidia.com/mig.config to it: mig-manager reads a mounted copy the kubelet refreshes "
+        "about a minute later [GPUSIZER_MIG_CONFIG_SETTLE]",
+    )
+    p.add_argument(
         "--sync-period",
         type=float,
         default=float(_env("SYNC_PERIOD", "15") or 15),
@@ -263,6 +271,7 @@ def _run(args: argparse.Namespace) -> int:
         activator_service=activator_service,
         partitioning=not args.namespace,
         mig_config_map=args.mig_config_map,
+        mig_config_settle_seconds=args.mig_config_settle,
     )
     configure_logging(args.log_format, args.log_level)
     if not pin_malloc_mmap_threshold():

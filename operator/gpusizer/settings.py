@@ -63,6 +63,9 @@ class OperatorSettings:
     activator_service: tuple[str, str] | None = None  # namespace, name; None: none installed
     partitioning: bool = True  # GPUPartitionings served: only cluster-wide, as they drain nodes
     mig_config_map: str = DEFAULT_MIG_CONFIG_MAP  # namespace/name
+    # mig-manager reads the ConfigMap from a mounted file, which the kubelet refreshes about a
+    # minute after a change: a label set sooner could name a config it does not have yet
+    mig_config_settle_seconds: float = 60.0
 
     @property
     def read_period(self) -> float:

@@ -70,6 +70,7 @@ class Cluster:
         self.selectors[self.obj.name] = dict(self.obj.spec["nodeSelector"])
 
     written: Written = field(default_factory=Written)  # this process's memory across turns
+    settle: float = 0.0  # --mig-config-settle
 
     async def turn(self, seconds: float = 5, nodes: dict[str, GpuNode] | None = None) -> Outcome:
         """A turn on what the watches show: the nodes as they are, or `nodes` (a watch behind)."""
@@ -81,7 +82,7 @@ class Cluster:
             template=lambda ns, kind, name: None,
             selectors=self.selectors,
         )
-        services = PartitionServices(CATALOG, self.nodes, REF, self.written)
+        services = PartitionServices(CATALOG, self.nodes, REF, self.written, self.settle)
         outcome = await partition_turn(self.obj, view, services, self.now)
         # a merge patch, as the API server applies it to the status
         self.obj = replace(self.obj, status=deep_merge(dict(self.obj.status), outcome.status_patch))
@@ -562,3 +563,15 @@ async def test_a_watch_behind_gpusizers_own_write_is_waited_for() -> None:
         seconds=61, nodes={"a": replace(stale["a"], labels=cluster.nodes.nodes["a"].labels)}
     )
     assert len(cluster.nodes.patches) == uncordoned + 1
+
+
+async def test_the_label_waits_for_the_kubelet_to_refresh_mig_managers_copy_of_the_config() -> None:
+    cluster = fleet(gfd_node("a"))
+    cluster.settle = 60
+    needing_a_slice(cluster)
+    await cluster.turn()  # cordoned and config written at T0 + 5
+    await cluster.turn(30)
+    assert cluster.nodes.nodes["a"].mig_config == "all-disabled"
+    assert "set in 30s" in cluster.node_plan("a")["message"]
+    await cluster.turn(30)
+    assert cluster.nodes.nodes["a"].mig_config == config_name(SLICE_1G20)

@@ -68,7 +68,10 @@ def register(settings: OperatorSettings) -> None:
         client = api_client()
         catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
         services = PartitionServices(
-            catalog, KubeNodes(client), ConfigMapRef.parse(config.mig_config_map)
+            catalog,
+            KubeNodes(client),
+            ConfigMapRef.parse(config.mig_config_map),
+            config_settle_seconds=config.mig_config_settle_seconds,
         )
         memo.partitioner = Partitioner(services, PartitioningStatusWriter(client))
 

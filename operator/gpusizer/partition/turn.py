@@ -107,6 +107,7 @@ class PartitionServices:
     nodes: NodeClient
     config_map: ConfigMapRef
     written: Written = field(default_factory=Written)
+    config_settle_seconds: float = 0.0  # from a node's cordon (its config written) to its label
 
 
 @dataclass(frozen=True)
@@ -413,6 +414,13 @@ class Turn:
             drain_timeout=self.spec.drain.timeout_seconds,
             reconfigure_timeout=self.spec.reconfigure_timeout_seconds,
         )
+        settled = (parse_time(record.started) or self.now) + self.services.config_settle_seconds
+        if action == Action.CONFIGURE and self.now < settled:
+            action = Action.WAIT
+            message = (
+                f"drained; {record.to_config} is set in {settled - self.now:.0f}s, once the "
+                "kubelet has refreshed mig-manager's copy of the ConfigMap"
+            )
         state.message = message
         nodes, name = self.services.nodes, state.name
         try:
