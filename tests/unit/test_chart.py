@@ -400,7 +400,9 @@ def test_cluster_role_matches_the_operators_access() -> None:
 
 def test_the_mig_parted_configmap_is_the_only_one_the_operator_may_touch() -> None:
     objs = render(**{"partitioning.migConfigMap": '{"namespace": "gpu", "name": "mig"}'})
-    rules = [r for r in find(objs, "ClusterRole")["rules"] if "configmaps" in r["resources"]]
+    rules = [
+        r for r in find(objs, "ClusterRole", RELEASE)["rules"] if "configmaps" in r["resources"]
+    ]
     assert rules == [
         {
             "apiGroups": [""],

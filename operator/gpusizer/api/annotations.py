@@ -84,7 +84,7 @@ HELD_TTL_SECONDS = 3 * HELD_REFRESH_SECONDS
 _NAME_LIMIT = 63  # the name part of an annotation key
 
 
-class HeldRecord(_Record):
+class HeldRecord(Record):
     """What one activator replica holds for a workload."""
 
     pending: int = Field(ge=0)
