@@ -65,6 +65,18 @@ def test_pod_gpus_combine_mean_max_sum() -> None:
     assert per_pod(result, combine="sum", now=NOW).samples[("llm", "p")].value == 80
 
 
+def test_a_pods_age_is_its_oldest_twin_and_never_below_zero() -> None:
+    result = [
+        *series(dcgm("p", "0"), "20", NOW - 2),
+        {"metric": {"namespace": "llm", "pod": "p", TIMESTAMP_LABEL: "1"}, "value": [NOW, "1"]},
+        *series(dcgm("q", "0"), "30", NOW + 5),  # Prometheus' clock ahead of the operator's
+        *series(dcgm("r", "0"), "40"),  # no twin: evaluated at the read
+    ]
+    samples = per_pod(result, now=NOW).samples
+    assert samples[("llm", "p")] == Sample(20.0, NOW - 1)
+    assert samples[("llm", "q")].age == 0 and samples[("llm", "r")].age == 0
+
+
 def test_mig_scale_to_percent() -> None:
     result = series(dcgm("p", GPU_I_PROFILE="3g.40gb", GPU_I_ID="2"), "0.412", NOW)
     assert per_pod(result, scale=100, now=NOW).samples[("llm", "p")].value == pytest.approx(41.2)
