@@ -12,8 +12,16 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpusizer.report import metrics
@@ -84,6 +92,18 @@ class Nudge:
         return self._waiter
 
 
+@dataclass(eq=False)
+class _Sleeper:
+    """A workload waiting for a cycle that concerns it: the clock wakes it, and no other."""
+
+    due: int  # the number of the cycle it decides on whatever changed
+    pods: tuple[PodKey, ...]  # a cycle in which one of these moved concerns it
+    key: Hashable | None  # `CycleClock.touch` of this concerns it
+    woken: asyncio.Future[int] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
 class CycleClock:
     """One snapshot per read period, handed to every workload the moment it arrives.
 
@@ -95,9 +115,12 @@ class CycleClock:
     A workload decides on every `decide_every`-th cycle (one sync period's worth of reads) and
     on any cycle in which it changed: a load change is acted on at the next read, while the
     workloads that did not change cost one decision per sync period (a round of decisions over
-    thousands of workloads takes most of a period: bench/README.md, `cycle_s`).
+    thousands of workloads takes most of a period: bench/README.md, `cycle_s`). Only the
+    workloads a cycle may concern wake for it (their turn is due, a pod they read moved, their
+    object changed): waking every waiting workload at every read to ask was tens of
+    milliseconds per read at 5,000 (bench/README.md).
 
-    A cycle wakes every workload at once and most decisions never wait, so one pass of the
+    A cycle wakes many workloads at once and most decisions never wait, so one pass of the
     event loop would run all of them back to back (seconds, at thousands of workloads) while
     the watches, the event poster and the next snapshot wait: workloads take turns, one
     decision starting per pass, the others queued in order. Urgent ones (a workload whose
@@ -123,8 +146,12 @@ class CycleClock:
         self._number = 0
         self._latest: Cycle | None = None
         self._published_at = 0.0
-        self._arrived: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wanted = asyncio.Event()
+        # the workloads waiting for a cycle that concerns them, by what would
+        self._due: dict[int, dict[_Sleeper, None]] = {}
+        self._by_pod: dict[PodKey, dict[_Sleeper, None]] = {}
+        self._by_key: dict[Hashable, dict[_Sleeper, None]] = {}
+        self._touched: set[Hashable] = set()
 
     async def run(self) -> None:
         """Fetch at every period while a workload listens; runs until cancelled."""
@@ -153,8 +180,19 @@ class CycleClock:
             self._queue(turn, urgent)
         self._published_at = self._monotonic()
         self._number += 1
-        arrived, self._arrived = self._arrived, asyncio.get_running_loop().create_future()
-        arrived.set_result(None)
+        woken = dict(self._due.pop(self._number, {}))
+        for pod in self._latest.moved:
+            woken.update(self._by_pod.get(pod, {}))
+        for key in self._touched:
+            woken.update(self._by_key.get(key, {}))
+        self._touched.clear()
+        for sleeper in woken:
+            self._wake(sleeper)
+
+    def touch(self, key: Hashable) -> None:
+        """The workload that follows with `key` changed (an event of its object came): the
+        next cycle asks it whether that concerns it."""
+        self._touched.add(key)
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[None]:
@@ -170,6 +208,8 @@ class CycleClock:
         until: asyncio.Future[Any],
         urgent: Urgency = lambda _: False,
         changed: Callable[[Cycle], bool] = lambda _: False,
+        pods: Callable[[], Iterable[PodKey]] = tuple,
+        key: Hashable | None = None,
         nudge: Nudge | None = None,
     ) -> AsyncIterator[Cycle]:
         """The cycles to decide on from now on, until `until` is done: every `decide_every`-th
@@ -180,6 +220,11 @@ class CycleClock:
         latest if it is at most a period old: after a pause it may be hours old. A `nudge`
         gives a turn at once, ahead of the others, on the latest cycle even if it was decided
         on already.
+
+        While it waits, `changed` is asked only of a cycle in which one of its `pods()` moved
+        or after `touch(key)`: what else it could say changed (its spec) comes with an event
+        of its object, and asking thousands of waiting workloads at every read cost more than
+        the read (bench/README.md). A nudge wakes only the workload it belongs to.
 
         No cycle is kept here while waiting, for a turn or for the next cycle: every waiting
         workload held the one it last saw, and each cycle's snapshot with it (bench/README.md:
@@ -216,10 +261,49 @@ class CycleClock:
                     decided = looked = self._number
                     yield self._latest
                     continue
-            waits: tuple[asyncio.Future[Any], ...] = (self._arrived, until)
+            due = decided + self._decide_every if decided else self._number + 1
+            interrupts = [until]
             if nudge is not None and decided:
-                waits += (nudge.waiter(),)
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                interrupts.append(nudge.waiter())
+            # the clock looked at every cycle before the one that woke it
+            woke = await self._sleep(_Sleeper(due, tuple(pods()), key), interrupts)
+            looked = max(looked, woke - 1)
+
+    async def _sleep(self, sleeper: _Sleeper, interrupts: list[asyncio.Future[Any]]) -> int:
+        """Until a cycle that concerns `sleeper` comes or one of `interrupts` (the end, a
+        nudge) is done: the number of the latest cycle then."""
+        self._index(sleeper)
+
+        def stop(_: asyncio.Future[Any]) -> None:
+            self._wake(sleeper)
+
+        for interrupt in interrupts:
+            interrupt.add_done_callback(stop)
+        try:
+            return await sleeper.woken
+        finally:
+            for interrupt in interrupts:
+                interrupt.remove_done_callback(stop)
+            self._unindex(sleeper)
+
+    def _index(self, sleeper: _Sleeper) -> None:
+        self._due.setdefault(sleeper.due, {})[sleeper] = None
+        for pod in sleeper.pods:
+            self._by_pod.setdefault(pod, {})[sleeper] = None
+        if sleeper.key is not None:
+            self._by_key.setdefault(sleeper.key, {})[sleeper] = None
+
+    def _unindex(self, sleeper: _Sleeper) -> None:
+        _discard(self._due, sleeper.due, sleeper)
+        for pod in sleeper.pods:
+            _discard(self._by_pod, pod, sleeper)
+        if sleeper.key is not None:
+            _discard(self._by_key, sleeper.key, sleeper)
+
+    def _wake(self, sleeper: _Sleeper) -> None:
+        self._unindex(sleeper)
+        if not sleeper.woken.done():
+            sleeper.woken.set_result(self._number)
 
     async def _turn(self, urgent: Urgency) -> None:
         """Returns when it is this workload's turn; the next one's comes at the next pass of
@@ -252,3 +336,11 @@ class CycleClock:
 
     def _stale(self) -> bool:
         return self._monotonic() - self._published_at > self._period
+
+
+def _discard(index: dict[Any, dict[_Sleeper, None]], key: Any, sleeper: _Sleeper) -> None:
+    entries = index.get(key)
+    if entries is not None:
+        entries.pop(sleeper, None)
+        if not entries:
+            del index[key]

@@ -157,14 +157,15 @@ def register(settings: OperatorSettings) -> None:
         memo: kopf.Memo,
         **_: Any,
     ) -> None:
-        """Every event of a WorkloadSizing: its body loses what kopf need not keep, an
-        activator's push asks for a turn at once, and a deleted one's series and remembered
-        state go."""
+        """Every event of a WorkloadSizing: its body loses what kopf need not keep, its
+        daemon is asked at the next read whether its spec changed, an activator's push asks
+        for a turn at once, and a deleted one's series and remembered state go."""
         drop_managed_fields(event)
         if type == "DELETED" and namespace:
             metrics.WORKLOADS.forget(namespace, name)
             memo.runtime.memory.forget(namespace, name)
         elif namespace:
+            memo.runtime.clock.touch((namespace, name))
             annotations = (event["object"].get("metadata") or {}).get("annotations") or {}
             memo.runtime.activator_pushed(namespace, name, annotations)
 

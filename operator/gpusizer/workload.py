@@ -54,6 +54,11 @@ class Workload:
         activator = self.status.current(self.body.status).get("activator") or {}
         return bool(activator.get("routing") == Routing.ACTIVATOR.value)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """What `CycleClock.touch` names it by when an event of its object comes."""
+        return self.namespace, self.name
+
     def urgent(self, cycle: Cycle) -> bool:
         """Decided ahead of the others in `cycle`: one of its pods' readings moved, or it has
         none the shared snapshot shows (not decided yet, or scaled to zero and waiting on its
@@ -83,7 +88,12 @@ class Workload:
         cycle's snapshot alive (bench/README.md)."""
         with clock.listening():
             cycles = clock.cycles(
-                until=until, urgent=self.urgent, changed=self.changed, nudge=self.nudge
+                until=until,
+                urgent=self.urgent,
+                changed=self.changed,
+                pods=lambda: self.pods,
+                key=self.key,
+                nudge=self.nudge,
             )
             async for cycle in cycles:
                 outcome = await self.decide(cycle, view, services, memory)

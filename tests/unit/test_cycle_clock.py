@@ -114,26 +114,41 @@ async def test_every_listener_gets_each_cycle_once(stop: asyncio.Future[None]) -
     assert decided.empty()
 
 
+def cycle_with(utilization: dict[str, float], number: int = 0) -> Cycle:
+    """A cycle whose snapshot has these pods' GPU utilisation (pods of namespace "ns")."""
+    samples = {("ns", pod): Sample(value, 0.0) for pod, value in utilization.items()}
+    return Cycle(
+        snapshot=Snapshot(time=float(number), signals={GPU_UTIL: PodSamples(samples)}),
+        autoscalers={},
+    )
+
+
 async def test_a_workload_that_did_not_change_decides_once_per_sync_period(
     stop: asyncio.Future[None],
 ) -> None:
     # three reads per sync period: the steady workload decides on the first cycle and every
-    # third after it, the other also on the cycles in which it changed
+    # third after it, the other also on the cycles in which its pod's reading moved
     clock = CycleClock(Fetches(), period_seconds=3600, decide_every=3)
-    changes_at = {4.0, 5.0}
+    moving_pod = ("ns", "moving-0")
     decided: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
+    asked: list[str] = []
 
-    async def listen(name: str, changed: Callable[[Cycle], bool]) -> None:
+    async def listen(name: str) -> None:
+        def changed(each: Cycle) -> bool:
+            asked.append(name)
+            return moving_pod in each.moved
+
         with clock.listening():
-            async for each in clock.cycles(until=stop, changed=changed):
+            cycles = clock.cycles(
+                until=stop, changed=changed, pods=lambda: (("ns", f"{name}-0"),), key=name
+            )
+            async for each in cycles:
                 decided.put_nowait((name, each.snapshot.time))
 
-    listeners = [
-        asyncio.create_task(listen("steady", lambda _: False)),
-        asyncio.create_task(listen("moving", lambda c: c.snapshot.time in changes_at)),
-    ]
+    listeners = [asyncio.create_task(listen(name)) for name in ("steady", "moving")]
     for number in range(1, 9):
-        clock.publish(cycle(number))
+        moving = 60.0 if number == 4 else 20.0  # it moves at 4, and back at 5
+        clock.publish(cycle_with({"steady-0": 50.0, "moving-0": moving}, number))
         await steps_taken()
         await steps_taken()  # the second's turn comes a pass after the first's
     stop.set_result(None)
@@ -145,6 +160,43 @@ async def test_a_workload_that_did_not_change_decides_once_per_sync_period(
     assert got["steady"] == [1.0, 4.0, 7.0]
     # a decision on a changed cycle starts the count again
     assert got["moving"] == [1.0, 4.0, 5.0, 8.0]
+    # a waiting workload is asked whether it changed only of a cycle in which a pod it read
+    # moved and its turn is not due anyway: the moving one, of cycle 5
+    assert asked == ["moving"]
+
+
+async def test_an_event_of_its_object_has_the_next_cycle_ask_a_waiting_workload(
+    stop: asyncio.Future[None],
+) -> None:
+    clock = CycleClock(Fetches(), period_seconds=3600, decide_every=100)
+    spec_changed = False
+    decided: asyncio.Queue[float] = asyncio.Queue()
+
+    async def listen() -> None:
+        with clock.listening():
+            async for each in clock.cycles(until=stop, changed=lambda _: spec_changed, key="w"):
+                decided.put_nowait(each.snapshot.time)
+
+    task = asyncio.create_task(listen())
+    clock.publish(cycle(1))
+    assert await asyncio.wait_for(decided.get(), timeout=10) == 1.0
+    spec_changed = True
+    clock.publish(cycle(2))  # nothing said its object changed: not asked
+    clock.touch("other")
+    clock.publish(cycle(3))
+    await steps_taken()
+    assert decided.empty()
+    clock.touch("w")
+    clock.publish(cycle(4))
+    assert await asyncio.wait_for(decided.get(), timeout=10) == 4.0
+    spec_changed = False
+    clock.touch("w")  # an event that changed nothing it decides on (its own status write)
+    clock.publish(cycle(5))
+    await steps_taken()
+    await steps_taken()
+    assert decided.empty()
+    stop.set_result(None)
+    await asyncio.wait_for(task, timeout=10)
 
 
 async def test_a_workload_busy_while_it_changed_decides_on_the_newest_cycle(
@@ -374,13 +426,6 @@ async def test_a_workload_still_waiting_moves_up_when_a_new_cycle_is_urgent_to_i
 
 async def test_a_cycle_names_the_pods_whose_readings_moved_since_the_last() -> None:
     clock = CycleClock(Fetches(), period_seconds=3600)
-
-    def cycle_with(utilization: dict[str, float]) -> Cycle:
-        samples = {("ns", pod): Sample(value, 0.0) for pod, value in utilization.items()}
-        return Cycle(
-            snapshot=Snapshot(time=0.0, signals={GPU_UTIL: PodSamples(samples)}), autoscalers={}
-        )
-
     clock.publish(cycle_with({"steady": 50.0, "jumped": 20.0}))
     assert clock._latest is not None and clock._latest.moved == {("ns", "steady"), ("ns", "jumped")}
     clock.publish(cycle_with({"steady": 51.0, "jumped": 60.0}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+from types import SimpleNamespace
 from typing import Any
 
 import kopf
@@ -89,10 +90,19 @@ def workload_body(resource_version: str, finalizer: str) -> dict[str, Any]:
     }
 
 
-def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
-    """kopf keeps each WorkloadSizing's latest body while its daemon runs: the event handler
-    must strip the very dict kopf keeps, at creation and at every later change. Driven
-    through kopf's own event processing, so a kopf that copied the body would fail here."""
+class TouchedClock:
+    def __init__(self) -> None:
+        self.touched: list[object] = []
+
+    def touch(self, key: object) -> None:
+        self.touched.append(key)
+
+
+async def process(
+    events: list[dict[str, Any]], memo: ephemera.Memo | None = None
+) -> list[dict[str, Any]]:
+    """Each event through kopf's own event processing with the registered watch handlers and
+    a daemon that holds the body; the metadata of the body kopf keeps after each."""
     registry = kopf.OperatorRegistry()
     for handler in registered()._watching.get_all_handlers():
         registry._watching.append(handler)
@@ -101,37 +111,46 @@ def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
     async def holds_the_body(stopped: kopf.DaemonStopped, **_: Any) -> None:
         await stopped.wait()
 
-    async def kept_after(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        settings = kopf.OperatorSettings()
-        memories = inventory.ResourceMemories()
-        kept = []
-        for raw in events:
-            await processing.process_resource_event(
-                lifecycle=kopf.lifecycles.all_at_once,
-                indexers=indexing.OperatorIndexers(),
-                registry=registry,
-                settings=settings,
-                memories=memories,
-                memobase=ephemera.Memo(),
-                resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
-                raw_event=raw,  # type: ignore[arg-type]  # a RawEvent is this dict
-                event_queue=asyncio.Queue(),
-            )
-            body = (await memories.recall(raw["object"])).daemons_memory.live_fresh_body
-            assert body is not None  # the daemon runs and holds it
-            kept.append(copy.deepcopy(dict(body.metadata)))
-        memory = await memories.recall(events[0]["object"])
-        for daemon in list(memory.daemons_memory.running_daemons.values()):
-            daemon.stopper.set(reason=kopf.DaemonStoppingReason.OPERATOR_EXITING)
-            await daemon.task
-        return kept
+    settings = kopf.OperatorSettings()
+    memories = inventory.ResourceMemories()
+    if memo is None:
+        memo = ephemera.Memo()
+        memo.runtime = SimpleNamespace(clock=TouchedClock(), activator_pushed=lambda *_: None)
+    kept = []
+    for raw in events:
+        await processing.process_resource_event(
+            lifecycle=kopf.lifecycles.all_at_once,
+            indexers=indexing.OperatorIndexers(),
+            registry=registry,
+            settings=settings,
+            memories=memories,
+            memobase=memo,
+            resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
+            raw_event=raw,  # type: ignore[arg-type]  # a RawEvent is this dict
+            event_queue=asyncio.Queue(),
+        )
+        body = (await memories.recall(raw["object"])).daemons_memory.live_fresh_body
+        assert body is not None  # the daemon runs and holds it
+        kept.append(copy.deepcopy(dict(body.metadata)))
+    memory = await memories.recall(events[0]["object"])
+    for daemon in list(memory.daemons_memory.running_daemons.values()):
+        daemon.stopper.set(reason=kopf.DaemonStoppingReason.OPERATOR_EXITING)
+        await daemon.task
+    return kept
 
-    finalizer = kopf.OperatorSettings().persistence.finalizer  # kopf spawns only once it is on
+
+FINALIZER = kopf.OperatorSettings().persistence.finalizer  # kopf spawns only once it is on
+
+
+def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
+    """kopf keeps each WorkloadSizing's latest body while its daemon runs: the event handler
+    must strip the very dict kopf keeps, at creation and at every later change. Driven
+    through kopf's own event processing, so a kopf that copied the body would fail here."""
     created, changed = asyncio.run(
-        kept_after(
+        process(
             [
-                {"type": "ADDED", "object": workload_body("1", finalizer)},
-                {"type": "MODIFIED", "object": workload_body("2", finalizer)},
+                {"type": "ADDED", "object": workload_body("1", FINALIZER)},
+                {"type": "MODIFIED", "object": workload_body("2", FINALIZER)},
             ]
         )
     )
@@ -151,3 +170,29 @@ def test_each_gpu_partitioning_takes_a_turn_every_sync_period() -> None:
 def test_gpu_partitioning_is_not_served_when_only_some_namespaces_are_watched() -> None:
     spawned = registered(partitioning=False)._spawning.get_all_handlers()
     assert [h.id for h in spawned] == ["size_workload"]
+
+
+def test_an_event_of_a_workload_has_the_clock_ask_it_at_the_next_read() -> None:
+    """A waiting workload is asked whether its spec changed only after an event of its
+    object (CycleClock.touch): asking every one at every read cost more than the read."""
+    clock = TouchedClock()
+    pushed: list[tuple[str, str, dict[str, str]]] = []
+    memo = ephemera.Memo()
+    memo.runtime = SimpleNamespace(
+        clock=clock,
+        activator_pushed=lambda namespace, name, annotations: pushed.append(
+            (namespace, name, dict(annotations))
+        ),
+    )
+    asyncio.run(
+        process(
+            [
+                {"type": "ADDED", "object": workload_body("1", FINALIZER)},
+                {"type": "MODIFIED", "object": workload_body("2", FINALIZER)},
+            ],
+            memo,
+        )
+    )
+    assert clock.touched == [("ns", "chat"), ("ns", "chat")]
+    # and the activator's records still reach the workload, at each event
+    assert pushed == [("ns", "chat", {"gpusizer.io/paused": "false"})] * 2

@@ -16,7 +16,7 @@ from gpusizer.report.turn import Outcome
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.workload import Workload
 
-from tests.fakes import FakeMetrics, FakeTargets, services
+from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, services
 
 
 def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None:
@@ -80,6 +80,7 @@ class CountedWorkload(Workload):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.decisions = 0
+        self.decided_once = asyncio.Event()
         self.decided_twice = asyncio.Event()
 
     async def decide(
@@ -87,6 +88,7 @@ class CountedWorkload(Workload):
     ) -> Outcome | None:
         outcome = await super().decide(cycle, view, services, memory)
         self.decisions += 1
+        self.decided_once.set()
         if self.decisions == 2:
             self.decided_twice.set()
         return outcome
@@ -144,3 +146,44 @@ async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits
     await asyncio.wait_for(following, timeout=10)
     ready = next(c for c in writer.patches[0]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "ModeOff"  # it did decide, and wrote what it decided
+
+
+async def test_a_spec_change_is_decided_on_at_the_next_read_after_its_event() -> None:
+    async def no_fetch() -> Cycle:
+        raise AssertionError("cycles are published by the test")
+
+    clock = CycleClock(no_fetch, period_seconds=3600, decide_every=100)
+    raw: dict[str, Any] = {
+        "metadata": {"generation": 1},
+        "spec": {
+            "targetRef": {"name": "chat"},
+            "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
+            "mode": "Off",
+        },
+    }
+    body = kopf.Body(raw)
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    workload = CountedWorkload("ns", "chat", body, logger)
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    following = asyncio.create_task(
+        workload.follow(
+            clock,
+            stop,
+            ClusterView({}, {}),
+            services(FakeMetrics(), FakeTargets()),  # mode Off reads and writes nothing
+            Memory(),
+            FakeStatus(),
+        )
+    )
+    await asyncio.wait_for(workload.decided_once.wait(), timeout=10)
+    clock.publish(Cycle(Snapshot(time=2.0), autoscalers={}))  # nothing changed: not asked
+    for _ in range(10):  # more passes of the loop than a turn takes
+        await asyncio.sleep(0)
+    assert workload.decisions == 1
+    raw["metadata"]["generation"] = 2  # kopf keeps the body current from the watch
+    clock.touch(workload.key)  # and the event handler says so
+    clock.publish(Cycle(Snapshot(time=3.0), autoscalers={}))
+    await asyncio.wait_for(workload.decided_twice.wait(), timeout=10)
+    stop.set_result(None)
+    await asyncio.wait_for(following, timeout=10)
