@@ -90,7 +90,8 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rightsizing-period",
         type=float,
         default=float(_env("RIGHTSIZING_PERIOD", "60") or 60),
-        help="seconds between the history queries of right-sizing [GPUSIZER_RIGHTSIZING_PERIOD]",
+        help="seconds between the history queries of right-sizing, and between reads of GPU "
+        "memory [GPUSIZER_RIGHTSIZING_PERIOD]",
     )
     p.add_argument(
         "--reshape-deadline",

@@ -108,8 +108,14 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
     autoscalers: PeriodicCache[None, Mapping[TargetKey, str]] = PeriodicCache(
         lambda _: lister.list(), config.once_per_sync_period
     )
-    # every signal for every pod once per sync period; in between, the pods that moved
-    reader = SnapshotReader(prometheus, Server, config.once_per_sync_period)
+    # every signal for every pod once per sync period (memory once per right-sizing period);
+    # in between, the pods that moved
+    reader = SnapshotReader(
+        prometheus,
+        Server,
+        config.once_per_sync_period,
+        slow_every_seconds=config.rightsizing_period_seconds,
+    )
     clock = CycleClock(
         functools.partial(fetch_cycle, reader, functools.partial(autoscalers.get, None)),
         config.read_period,

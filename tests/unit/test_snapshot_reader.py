@@ -118,3 +118,30 @@ async def test_a_failed_moved_read_keeps_the_full_read_and_reports_nothing_new()
     moved = await read_moved(metrics, base, 3.0)
     assert metrics.asked, "the moved read was sent"
     assert moved.signals == {GPU_UTIL: util} and moved.errors == {}
+
+
+async def test_memory_is_read_once_per_slow_period_and_kept_between() -> None:
+    # GPU memory sizes slices, not replicas: a third of every full read, for a status field
+    now = [0.0]
+    memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)})
+    metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
+    reader = SnapshotReader(metrics, Server, 5, slow_every_seconds=60, monotonic=lambda: now[0])
+    reads = []
+    for _ in range(14):  # a full read every 5 s for 65 s
+        reads.append(await reader.read())
+        now[0] += 5
+    asked = [signal for signal, _ in metrics.asked]
+    assert asked.count(GPU_UTIL) == 14
+    assert asked.count(MEMORY) == 2  # at 0 s and 60 s
+    assert all(r.signals[MEMORY] is memory for r in reads)
+
+
+async def test_a_memory_read_that_failed_stays_failed_until_the_next() -> None:
+    now = [0.0]
+    metrics = FakeMetrics(answers={MEMORY: NAN})
+    reader = SnapshotReader(metrics, Server, 5, slow_every_seconds=60, monotonic=lambda: now[0])
+    await reader.read()
+    metrics.answers[MEMORY] = PodSamples(samples={("ns", "a"): Sample(9000, 1)})
+    now[0] += 5
+    kept = await reader.read()
+    assert kept.errors[MEMORY] == NAN and MEMORY not in kept.signals

@@ -79,6 +79,8 @@ def request_rate_signal(server: Server) -> str:
 REPLICA_SIGNALS = frozenset(
     {GPU_UTIL, MIG_UTIL, KV_CACHE, *(queue_signal(s) for s in QUEUE_SERIES)}
 )
+# the batched signals that size slices, not replicas: read less often than a sync period
+SLOW_SIGNALS = frozenset({MEMORY})
 
 
 def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, str]]:

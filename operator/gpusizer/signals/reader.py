@@ -13,6 +13,7 @@ from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import (
     MOVE_MARGIN_SECONDS,
     REPLICA_SIGNALS,
+    SLOW_SIGNALS,
     PodQuery,
     batched_signals,
     custom_queue_query,
@@ -24,10 +25,23 @@ from gpusizer.signals.snapshot import Snapshot
 from gpusizer.signals.usage import UsageHistory
 
 
-async def read_full(source: MetricsSource, servers: Iterable[Server]) -> Snapshot:
-    """Every signal for every pod: a constant number of queries, whatever the workload count."""
+async def read_full(
+    source: MetricsSource, servers: Iterable[Server], slow_from: Snapshot | None = None
+) -> Snapshot:
+    """Every signal for every pod: a constant number of queries, whatever the workload count.
+    With `slow_from`, the signals that size slices rather than replicas (SLOW_SIGNALS) are
+    taken from it instead of read again."""
+    queries = full_read_queries(servers)
+    if slow_from is not None:
+        queries = {name: q for name, q in queries.items() if name not in SLOW_SIGNALS}
     snap = Snapshot(time=time.time())
-    snap.signals, snap.errors = await source.per_pod_batch(full_read_queries(servers))
+    snap.signals, snap.errors = await source.per_pod_batch(queries)
+    if slow_from is not None:
+        for name in SLOW_SIGNALS:
+            if name in slow_from.signals:
+                snap.signals[name] = slow_from.signals[name]
+            if name in slow_from.errors:
+                snap.errors[name] = slow_from.errors[name]
     return snap
 
 
@@ -63,25 +77,28 @@ async def read_custom_queue(source: MetricsSource, promql: str) -> PodSamples | 
 class SnapshotReader:
     """What each read of the cycle clock asks Prometheus: every signal for every pod once per
     `full_every_seconds` (a sync period), and in between only the pods whose utilisation or
-    queue moved since the read before, merged into the latest read.
+    queue moved since the read before, merged into the latest read. GPU memory, which sizes
+    slices and not replicas, is read once per `slow_every_seconds` (right-sizing's period).
 
     A full read returns a few series per pod and signal; the moves are a few series, so a load
     change is seen within a read period of its scrape for about the Prometheus work of one
-    query of a full read (bench/README.md)."""
+    query of a full read (bench/README.md). Memory was a third of a full read."""
 
     def __init__(
         self,
         source: MetricsSource,
         servers: Iterable[Server],
         full_every_seconds: float,
+        slow_every_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source = source
         self._servers = tuple(servers)
         self._full_every = full_every_seconds
+        self._slow_every = slow_every_seconds
         self._monotonic = monotonic
         self._latest: Snapshot | None = None
-        self._full_at = self._read_at = 0.0
+        self._full_at = self._read_at = self._slow_at = 0.0
 
     async def read(self) -> Snapshot:
         latest, now = self._latest, self._monotonic()
@@ -89,7 +106,10 @@ class SnapshotReader:
         self._read_at = now
         if latest is None or now - self._full_at >= self._full_every:
             self._full_at = now
-            latest = await read_full(self._source, self._servers)
+            slow_from = latest
+            if latest is None or now - self._slow_at >= self._slow_every:
+                self._slow_at, slow_from = now, None
+            latest = await read_full(self._source, self._servers, slow_from)
         else:
             latest = await read_moved(self._source, latest, since)
         self._latest = latest
