@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -52,6 +53,7 @@ class Device:
         return "nvidia.com/gpu" if self.profile is None else f"nvidia.com/mig-{self.profile}"
 
 
+@functools.lru_cache(maxsize=65536)  # every device's, at every tick
 def gpu_uuid(node: str, gpu: int) -> str:
     """Stable per node and index, so series keep their identity across emulator restarts."""
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{gpu}.gpusim')}"
@@ -152,30 +154,40 @@ class Allocator:
         self._assigned = {
             uid: keys
             for uid, keys in self._assigned.items()
-            if uid in live
-            and all(
-                k in by_key and k[0] == live[uid].node and by_key[k].resource == live[uid].resource
-                for k in keys
-            )
+            if uid in live and _still_fit(keys, live[uid], by_key)
         }
         taken = {k for keys in self._assigned.values() for k in keys}
-        order = sorted(live.values(), key=lambda p: (p.running_since or float("inf"), p.uid))
-        for pod in order:
-            if pod.uid in self._assigned:
-                continue
-            free = [
-                d.key
-                for d in by_key.values()
-                if d.node == pod.node and d.resource == pod.resource and d.key not in taken
-            ][: pod.count]
-            if len(free) < pod.count:
+        new = [p for p in live.values() if p.uid not in self._assigned]
+        # free devices by node and resource, in device order: one pass over the devices, not
+        # one per new pod (thousands of each while a benchmark creates its workloads)
+        free: dict[tuple[str, str], list[DeviceKey]] = {}
+        for device in by_key.values():
+            if device.key not in taken:
+                free.setdefault((device.node, device.resource), []).append(device.key)
+        handed: dict[tuple[str, str], int] = {}
+        for pod in sorted(new, key=lambda p: (p.running_since or float("inf"), p.uid)):
+            pool = (pod.node or "", pod.resource)
+            start = handed.get(pool, 0)
+            chosen = free.get(pool, [])[start : start + pod.count]
+            if len(chosen) < pod.count:
                 log.warning(
                     "pod %s/%s: no free %s on %s", pod.namespace, pod.name, pod.resource, pod.node
                 )
                 continue
-            self._assigned[pod.uid] = tuple(free)
-            taken.update(free)
+            handed[pool] = start + pod.count
+            self._assigned[pod.uid] = tuple(chosen)
         return {uid: [by_key[k] for k in keys] for uid, keys in self._assigned.items()}
+
+
+def _still_fit(
+    keys: tuple[DeviceKey, ...], pod: PodInfo, by_key: Mapping[DeviceKey, Device]
+) -> bool:
+    """Whether a pod's devices still exist, on its node, as its resource."""
+    for key in keys:
+        device = by_key.get(key)
+        if device is None or device.node != pod.node or device.resource != pod.resource:
+            return False
+    return True
 
 
 def devices_of(nodes: Mapping[str, NodeInfo], catalog: Catalog) -> list[Device]:

@@ -59,6 +59,10 @@ class ReplicaState:
     success_total: float = 0.0
     ooms: int = 0
     next_oom_at: float | None = None
+    startup_seconds: float = 0.0
+    # the pod and slice the figures above were read from: read again only when either changes
+    # (its annotations, at every tick for every pod, were a large part of a tick)
+    read_from: tuple[PodInfo, Slice | None] | None = None
 
 
 @dataclass
@@ -141,13 +145,19 @@ class LoadModel:
 
     def _lifecycle(self, now: float, replica: Replica, result: TickResult) -> None:
         pod, state = replica.pod, self.replicas[replica.pod.uid]
-        state.capacity_rps = self.capacity(replica)
-        state.memory_need_mib = self.memory_need(pod)
-        state.oom = replica.slice is not None and not self.fits(replica)
+        read_from = state.read_from
+        if read_from is None or read_from[0] is not pod or read_from[1] is not replica.slice:
+            state.capacity_rps = self.capacity(replica)
+            state.memory_need_mib = self.memory_need(pod)
+            state.oom = replica.slice is not None and not self.fits(replica)
+            state.startup_seconds = annotation(
+                pod.annotations, STARTUP_SECONDS, self.config.startup_seconds
+            )
+            state.read_from = (pod, replica.slice)
         if pod.running_since is None or replica.slice is None:
             state.ready = False
             return
-        startup = annotation(pod.annotations, STARTUP_SECONDS, self.config.startup_seconds)
+        startup = state.startup_seconds
         if state.oom:
             state.ready = False
             if state.next_oom_at is None:

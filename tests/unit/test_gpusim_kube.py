@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from e2e.gpusim.kube import Obj, pod_info
+from e2e.gpusim.kube import Obj, PodInfos, pod_info
 
 POD: dict[str, Any] = {
     "metadata": {
@@ -103,3 +103,20 @@ def test_pods_without_gpu_limits_are_ignored() -> None:
     assert pod_info(pod, lookup(REPLICASET), lookup(DEPLOYMENT), never_seen) is None
     pod["spec"]["containers"][1]["resources"] = {"limits": {"nvidia.com/gpu": "0"}}
     assert pod_info(pod, lookup(REPLICASET), lookup(DEPLOYMENT), never_seen) is None
+
+
+def test_a_pods_info_is_derived_again_only_when_it_or_an_owner_changed() -> None:
+    """The informers replace an object at each event: the same objects, the same PodInfo."""
+    owners = {"llm/chat-5c4b9d": REPLICASET, "llm/chat": DEPLOYMENT}
+    infos = PodInfos(owners.get, owners.get, never_seen)
+    pod = copy.deepcopy(POD)
+    first = infos.of([pod])
+    assert infos.of([pod])[0] is first[0]
+    owners["llm/chat"] = copy.deepcopy(DEPLOYMENT)  # an event of the Deployment: a new object
+    owners["llm/chat"]["metadata"]["annotations"]["gpusim.gpusizer.io/memory-mib"] = "40000"
+    [changed] = infos.of([pod])
+    assert changed.annotations["gpusim.gpusizer.io/memory-mib"] == "40000"
+    moved = copy.deepcopy(pod)  # an event of the pod
+    moved["spec"]["nodeName"] = "h100-1"
+    assert [i.node for i in infos.of([moved])] == ["h100-1"]
+    assert infos.of([]) == []

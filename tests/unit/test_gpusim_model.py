@@ -69,6 +69,30 @@ def test_capacity_follows_the_slice_throughput(catalog: Catalog) -> None:
     )
 
 
+def test_a_replicas_figures_follow_its_pods_annotations_when_they_change(
+    catalog: Catalog,
+) -> None:
+    model = LoadModel(ModelConfig(capacity_rps=10, startup_seconds=0))
+    before = replica(catalog, "a", annotations={"gpusim.gpusizer.io/capacity-rps": "20"})
+    model.tick(0, [before])
+    model.tick(1, [before])
+    assert model.replicas["uid-llm-a"].capacity_rps == pytest.approx(20)
+    after = dataclasses.replace(
+        before,
+        pod=dataclasses.replace(
+            before.pod,
+            annotations={
+                "gpusim.gpusizer.io/capacity-rps": "5",
+                "gpusim.gpusizer.io/memory-mib": "90000",  # more than an H100 holds
+            },
+        ),
+    )
+    model.tick(2, [after])
+    state = model.replicas["uid-llm-a"]
+    assert state.capacity_rps == pytest.approx(5)
+    assert state.memory_need_mib == 90000 and state.oom
+
+
 def test_startup_delay_then_ready(catalog: Catalog) -> None:
     model = LoadModel(ModelConfig(startup_seconds=5))
     pod = replica(
