@@ -61,6 +61,33 @@ print(mallinfo2().hblkhd >> 20)
     assert int(_in_a_fresh_interpreter(probe)) >= 6
 
 
+def test_a_decoded_full_read_is_not_promoted_toward_a_full_collection() -> None:
+    """A full read's JSON at 5,000 pods, decoded and dropped, as a query thread does: with
+    the default thresholds its objects reach the older generations (bench/README.md)."""
+    probe = """
+import gc, json
+from gpusizer.cli import tune_garbage_collector
+
+body = json.dumps([{"metric": {"namespace": "ns", "pod": f"p{i}"}, "value": [1, "50"]}
+                   for i in range(5000)])
+
+def older_collections():
+    json.loads(body)
+    return sum(s["collections"] for s in gc.get_stats()[1:])
+
+gc.collect()
+before = older_collections()
+default = older_collections() - before
+tune_garbage_collector()
+gc.collect()
+before = older_collections()
+tuned = older_collections() - before
+print(default, tuned, gc.get_freeze_count() > 0)
+"""
+    default, tuned, frozen = _in_a_fresh_interpreter(probe).split()
+    assert int(default) > 0 and int(tuned) == 0 and frozen == "True"
+
+
 @pytest.mark.parametrize(
     ("read", "sync", "expected"),
     [(None, 15.0, 2.0), (None, 2.0, 2.0), (None, 1.0, 1.0), (2.5, 5.0, 2.5), (5.0, 5.0, 5.0)],
