@@ -156,6 +156,9 @@ def test_the_status_this_process_wrote_wins_over_a_watch_that_lags() -> None:
     overlay.wrote(written)
     assert overlay.current(shown) == written  # the watch has not shown the write yet
     assert overlay.current(written) == written
+    assert overlay.written is None, "the watch shows the write: no copy is kept"
+    newer = {**written, "observation": {"time": "t1"}}
+    assert overlay.current(newer) == newer
 
 
 def test_a_status_that_failed_to_write_is_decided_on_and_sent_again() -> None:

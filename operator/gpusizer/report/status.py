@@ -217,13 +217,17 @@ class StatusOverlay:
     cycle in between must not decide on the history from before the write (a second scale-down
     step inside one window). While this process is in charge it is the status's only writer,
     so what it wrote last is the newest status there is. A write that failed is carried into
-    the next one, so a scale whose status did not land still counts."""
+    the next one, so a scale whose status did not land still counts. Once the watch shows
+    what was written, the copy goes: about 4.5 KB per workload, kept twice over (22 MB at
+    5,000 workloads)."""
 
     written: Mapping[str, Any] | None = None
     unwritten: dict[str, Any] = field(default_factory=dict)
 
     def current(self, shown: Mapping[str, Any]) -> dict[str, Any]:
         """The status to decide on, given the object's as the watch shows it."""
+        if self.written is not None and shown == self.written:
+            self.written = None
         merged = {**(shown if self.written is None else self.written), **self.unwritten}
         return {key: value for key, value in merged.items() if value is not None}
 

@@ -40,6 +40,8 @@ def moved_pods(before: Snapshot | None, after: Snapshot) -> frozenset[PodKey]:
         moved.update(old.keys() - new.keys())
         for key, sample in new.items():
             was = old.get(key)
+            if was is sample:  # merged into a moved read from the read before: not read again
+                continue
             if was is None or abs(sample.value - was.value) > MOVE_FRACTION * max(
                 abs(sample.value), abs(was.value), 1.0
             ):
