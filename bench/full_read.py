@@ -46,6 +46,10 @@ import requests
 from hostinfo import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support import start_prometheus  # noqa: E402
+
 GPUS_PER_NODE = 64
 NAMESPACE = "bench-read"
 SCRAPE = "5s"
@@ -53,7 +57,6 @@ SCRAPE = "5s"
 
 def emulate(pods: int, targets: Path, port: Any) -> None:
     """The child process: the emulator over an in-memory cluster, ticking every second."""
-    sys.path.insert(0, str(REPO))
     from gpusizer.catalog import load_catalog
 
     from e2e.gpusim.exposition import ExporterOptions
@@ -98,38 +101,18 @@ def emulate(pods: int, targets: Path, port: Any) -> None:
     stop.wait()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def start_prometheus(workdir: Path, targets: Path) -> tuple[subprocess.Popen[bytes], str]:
+def prometheus(workdir: Path, targets: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus scraping the emulator as cluster-up.sh has it do."""
     binary = shutil.which("prometheus")
     if binary is None:
         sys.exit("prometheus is not installed: run `make prometheus`")
-    config = workdir / "prometheus.yml"
-    config.write_text(
+    (workdir / "prometheus.yml").write_text(
         f"global: {{scrape_interval: {SCRAPE}, scrape_timeout: 4s, evaluation_interval: 5s}}\n"
         "scrape_configs:\n"
         "  - job_name: file-sd\n"
         f"    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 5s}}]\n"
     )
-    port = free_port()
-    log = (workdir / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc, port = start_prometheus(binary, workdir)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -286,7 +269,7 @@ def main() -> None:
     )
     emulator.start()
     ports.get(timeout=300)
-    prometheus, url = start_prometheus(workdir, targets)
+    prometheus_process, url = prometheus(workdir, targets)
     baseline_tree: Path | None = None
     try:
         wait_for_series(url, args.pods)
@@ -312,7 +295,7 @@ def main() -> None:
                     "--url",
                     url,
                     "--prometheus-pid",
-                    str(prometheus.pid),
+                    str(prometheus_process.pid),
                 ],
                 env={**os.environ, "PYTHONPATH": str(baseline_tree / "operator")},
                 check=True,
@@ -320,10 +303,10 @@ def main() -> None:
                 text=True,
             ).stdout
             results[args.baseline] = json.loads(out)
-        results["now"] = measure(url, prometheus.pid, args.pods, args.repeat, args.profile)
+        results["now"] = measure(url, prometheus_process.pid, args.pods, args.repeat, args.profile)
     finally:
-        prometheus.terminate()
-        prometheus.wait(timeout=30)
+        prometheus_process.terminate()
+        prometheus_process.wait(timeout=30)
         emulator.terminate()
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support import free_port, wait_for
+from tests.support import free_port, start_prometheus, wait_for
 
 
 class Exporter:
@@ -68,19 +67,8 @@ def prometheus(exporter: Exporter, tmp_path_factory: pytest.TempPathFactory) -> 
         "    honor_labels: true\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{exporter.port}']}}]\n"
     )
-    port = free_port()
+    proc, port = start_prometheus(binary, workdir)
     url = f"http://127.0.0.1:{port}"
-    log = (workdir / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
 
     def ready() -> bool:
         try:
@@ -92,4 +80,3 @@ def prometheus(exporter: Exporter, tmp_path_factory: pytest.TempPathFactory) -> 
     yield url
     proc.terminate()
     proc.wait(timeout=20)
-    log.close()

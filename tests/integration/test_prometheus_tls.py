@@ -7,7 +7,6 @@ import datetime
 import ipaddress
 import json
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from gpusizer.settings import PrometheusSettings
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.vocabulary import Reason
 
-from tests.support import free_port, wait_for
+from tests.support import free_port, start_prometheus, wait_for
 
 USER, PASSWORD = "gpusizer", "s3cret-pw"
 
@@ -134,19 +133,7 @@ def secure_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secu
         )
     )
     (work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
-    port = free_port()
-    log = (work / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--web.config.file={work / 'web.yml'}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc, port = start_prometheus(binary, work, f"--web.config.file={work / 'web.yml'}")
     url = f"https://127.0.0.1:{port}"
     ca_file = str(_pem(work / "ca.crt", ca))
 
@@ -165,7 +152,6 @@ def secure_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secu
     yield SecurePrometheus(url, ca_file, str(_pem(work / "wrong-ca.crt", wrong_ca)))
     proc.terminate()
     proc.wait(timeout=20)
-    log.close()
 
 
 async def ask(settings: PrometheusSettings) -> tuple[float | None, Reason | None, str]:

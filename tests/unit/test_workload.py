@@ -11,6 +11,7 @@ import kopf
 from gpusizer.clock import Cycle, CycleClock
 from gpusizer.cluster import ClusterView
 from gpusizer.memory import Memory
+from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
 from gpusizer.report.turn import Outcome
 from gpusizer.signals.snapshot import Snapshot
@@ -94,29 +95,25 @@ class CountedWorkload(Workload):
         return outcome
 
 
-async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits() -> None:
-    # a cycle's snapshot is megabytes at 5,000 workloads; decisions waiting for their status
-    # writes, or for the next cycle, each kept the one they had decided on
-    async def no_fetch() -> Cycle:
-        raise AssertionError("cycles are published by the test")
-
-    clock = CycleClock(no_fetch, period_seconds=3600)
-    body = kopf.Body(
-        {
-            "metadata": {"generation": 1},
-            "spec": {
-                "targetRef": {"name": "chat"},
-                "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
-                "mode": "Off",
-            },
-        }
+def mode_off(raw: dict[str, Any]) -> CountedWorkload:
+    """A workload in mode Off (it reads and writes nothing but its status) over `raw`."""
+    raw.update(
+        metadata={"generation": 1},
+        spec={
+            "targetRef": {"name": "chat"},
+            "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
+            "mode": "Off",
+        },
     )
+    body = kopf.Body(raw)
     logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
-    workload = CountedWorkload("ns", "chat", body, logger)
-    writer = FirstWriteWaits()
-    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
-    following = asyncio.create_task(
+    return CountedWorkload("ns", "chat", body, logger)
+
+
+def following(
+    workload: Workload, clock: CycleClock, stop: asyncio.Future[None], writer: StatusSink
+) -> asyncio.Task[None]:
+    return asyncio.create_task(
         workload.follow(
             clock,
             stop,
@@ -126,6 +123,20 @@ async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits
             writer,
         )
     )
+
+
+async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits() -> None:
+    # a cycle's snapshot is megabytes at 5,000 workloads; decisions waiting for their status
+    # writes, or for the next cycle, each kept the one they had decided on
+    async def no_fetch() -> Cycle:
+        raise AssertionError("cycles are published by the test")
+
+    clock = CycleClock(no_fetch, period_seconds=3600)
+    workload = mode_off({})
+    writer = FirstWriteWaits()
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    task = following(workload, clock, stop, writer)
     await asyncio.wait_for(writer.writing.wait(), timeout=10)
     assert clock._latest is not None
     first = weakref.ref(clock._latest)
@@ -143,7 +154,7 @@ async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits
     assert second() is None, "kept while waiting for the next cycle"
 
     stop.set_result(None)
-    await asyncio.wait_for(following, timeout=10)
+    await asyncio.wait_for(task, timeout=10)
     ready = next(c for c in writer.patches[0]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "ModeOff"  # it did decide, and wrote what it decided
 
@@ -153,29 +164,11 @@ async def test_a_spec_change_is_decided_on_at_the_next_read_after_its_event() ->
         raise AssertionError("cycles are published by the test")
 
     clock = CycleClock(no_fetch, period_seconds=3600, decide_every=100)
-    raw: dict[str, Any] = {
-        "metadata": {"generation": 1},
-        "spec": {
-            "targetRef": {"name": "chat"},
-            "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
-            "mode": "Off",
-        },
-    }
-    body = kopf.Body(raw)
-    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
-    workload = CountedWorkload("ns", "chat", body, logger)
+    raw: dict[str, Any] = {}
+    workload = mode_off(raw)
     stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
-    following = asyncio.create_task(
-        workload.follow(
-            clock,
-            stop,
-            ClusterView({}, {}),
-            services(FakeMetrics(), FakeTargets()),  # mode Off reads and writes nothing
-            Memory(),
-            FakeStatus(),
-        )
-    )
+    task = following(workload, clock, stop, FakeStatus())
     await asyncio.wait_for(workload.decided_once.wait(), timeout=10)
     clock.publish(Cycle(Snapshot(time=2.0), autoscalers={}))  # nothing changed: not asked
     for _ in range(10):  # more passes of the loop than a turn takes
@@ -186,4 +179,4 @@ async def test_a_spec_change_is_decided_on_at_the_next_read_after_its_event() ->
     clock.publish(Cycle(Snapshot(time=3.0), autoscalers={}))
     await asyncio.wait_for(workload.decided_twice.wait(), timeout=10)
     stop.set_result(None)
-    await asyncio.wait_for(following, timeout=10)
+    await asyncio.wait_for(task, timeout=10)
