@@ -82,3 +82,25 @@ def test_a_deleted_workload_leaves_no_series_not_even_its_counters() -> None:
     metrics.WORKLOADS.forget("ns", "gone-a")
     assert scraped("gone-a") == {}
     assert ("gpusizer_decisions_total", (("reason", "ScaleUp"),)) in scraped("kept-a")
+
+
+def test_a_workloads_series_copy_keeps_every_field_and_shares_no_dict() -> None:
+    """The copy is built field by field: a field added to WorkloadSeries and not to `copy`
+    would be lost from every scrape."""
+    original = metrics.WorkloadSeries(
+        desired=3,
+        current=2,
+        metrics_known=True,
+        decisions={"ScaleUp": 1},
+        scale_writes={"ok": 2},
+        reconcile_errors=4,
+        conditions={"Ready": ("True", "Decided")},
+    )
+    for name in metrics.WorkloadSeries.__dataclass_fields__:
+        default = metrics.WorkloadSeries()
+        assert getattr(original, name) != getattr(default, name), f"{name} is set here"
+    copied = original.copy()
+    assert copied == original
+    assert copied.decisions is not original.decisions
+    assert copied.scale_writes is not original.scale_writes
+    assert copied.conditions is not original.conditions
