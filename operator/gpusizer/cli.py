@@ -205,8 +205,8 @@ def pin_malloc_mmap_threshold() -> bool:
 
 # Young collections every 50,000 allocations rather than 700: with the default, a full read's
 # decoded JSON and a decision's temporaries were alive at a young collection often enough to be
-# promoted, and a full collection (every object of thousands of workloads, with the GIL held)
-# came every 15 s at 5,000 workloads (bench/README.md).
+# promoted, and full collections (every object of thousands of workloads, with the GIL held)
+# stalled the event loop for seconds (bench/README.md).
 GC_THRESHOLDS = (50_000, 20, 100)
 
 

@@ -117,8 +117,8 @@ class CycleClock:
     workloads that did not change cost one decision per sync period (a round of decisions over
     thousands of workloads takes most of a period: bench/README.md, `cycle_s`). Only the
     workloads a cycle may concern wake for it (their turn is due, a pod they read moved, their
-    object changed): waking every waiting workload at every read to ask was tens of
-    milliseconds per read at 5,000 (bench/README.md).
+    object changed): waking every waiting workload at every read to ask was a share of the
+    operator's CPU that grew with the fleet (bench/README.md).
 
     A cycle wakes many workloads at once and most decisions never wait, so one pass of the
     event loop would run all of them back to back (seconds, at thousands of workloads) while

@@ -82,7 +82,7 @@ class SnapshotReader:
 
     A full read returns a few series per pod and signal; the moves are a few series, so a load
     change is seen within a read period of its scrape for about the Prometheus work of one
-    query of a full read (bench/README.md). Memory was a third of a full read."""
+    query of a full read (bench/README.md)."""
 
     def __init__(
         self,
