@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+DEFAULT_IDLE_POWER_SHARE = 0.1
 _PROFILE_NAME = re.compile(r"^(\d+)g\.\d+gb$")
 
 
@@ -90,8 +91,17 @@ class GPUProduct(BaseModel):
     fp16_tflops: float = Field(gt=0)
     hbm_bandwidth_gbps: float = Field(gt=0)
     board_power_watts: float = Field(gt=0)
+    idle_power_watts: float | None = Field(None, ge=0)
     price_per_hour: float = Field(ge=0)
     mig: MigConfig | None = None
+
+    @property
+    def idle_watts(self) -> float:
+        """What the GPU draws with no work: the catalog's figure, else a tenth of board power
+        (an estimate either way: see default.yaml)."""
+        if self.idle_power_watts is None:
+            return self.board_power_watts * DEFAULT_IDLE_POWER_SHARE
+        return min(self.idle_power_watts, self.board_power_watts)
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -104,6 +114,7 @@ class CatalogData(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    currency: str = Field("USD", min_length=1, max_length=8)
     reference_product: str
     bandwidth_weight: float = Field(ge=0, le=1)
     products: dict[str, GPUProduct] = Field(min_length=1)
@@ -141,6 +152,7 @@ class Slice:
     price_per_hour: float
     relative_throughput: float
     power_watts: float
+    compute_share: float = 1.0  # of its GPU's compute slices: how its GPU's power is split
 
     @property
     def resource(self) -> str:
@@ -171,6 +183,7 @@ class Catalog:
         self.products: Mapping[str, GPUProduct] = data.products
         self.reference = data.products[data.reference_product]
         self._by_label = {p.gfd_label: p for p in data.products.values()}
+        self._by_model_name = {p.model_name: p for p in data.products.values()}
         self._slices = [s for p in data.products.values() for s in self._product_slices(p)]
 
     def product_by_label(self, gfd_label: str) -> GPUProduct | None:
@@ -192,6 +205,10 @@ class Catalog:
             if candidate.product.key == product.key and candidate.resource == resource:
                 return candidate
         return None
+
+    def product_by_model_name(self, model_name: str) -> GPUProduct | None:
+        """Product for dcgm-exporter's `modelName` label (the NVML name)."""
+        return self._by_model_name.get(model_name)
 
     def slice(self, name: str, product_key: str) -> Slice | None:
         for candidate in self._slices:
@@ -235,6 +252,7 @@ class Catalog:
                     price_per_hour=product.price_per_hour * share,
                     relative_throughput=self.relative_throughput(product, compute, memory),
                     power_watts=product.board_power_watts * share,
+                    compute_share=compute,
                 )
             )
         return result
