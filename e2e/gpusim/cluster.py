@@ -73,6 +73,10 @@ class ClusterSource(Protocol):
         """Report a CUDA out-of-memory crash: restartCount+1, lastState OOMKilled, exit 137."""
         ...
 
+    def record_restart(self, pod: PodInfo, at: float) -> None:
+        """Report a restart of the server: restartCount+1, lastState Error, exit 1."""
+        ...
+
 
 def gpu_limit(limits: Mapping[str, object]) -> tuple[str, int] | None:
     """The GPU resource and count among a container's limits, if any."""

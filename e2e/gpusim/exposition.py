@@ -39,6 +39,8 @@ class PodServerReading:
     running: float
     kv_cache_usage: float
     success_total: float
+    generation_tokens_total: float
+    prompt_tokens_total: float
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,18 @@ _VLLM: list[tuple[str, str, str, Callable[[PodServerReading], float]]] = [
         "counter",
         "Count of successfully processed requests.",
         lambda s: s.success_total,
+    ),
+    (
+        "vllm:prompt_tokens",
+        "counter",
+        "Number of prefill tokens processed.",
+        lambda s: s.prompt_tokens_total,
+    ),
+    (
+        "vllm:generation_tokens",
+        "counter",
+        "Number of generation tokens processed.",
+        lambda s: s.generation_tokens_total,
     ),
 ]
 

@@ -300,6 +300,15 @@ class KubeCluster:
         )
 
     def record_oom(self, pod: PodInfo, at: float) -> None:
+        self._record_exit(pod, at, 137, "OOMKilled", "CUDA out of memory (emulated by gpusim)")
+
+    def record_restart(self, pod: PodInfo, at: float) -> None:
+        self._record_exit(pod, at, 1, "Error", "restarted through gpusim's control API")
+
+    def _record_exit(
+        self, pod: PodInfo, at: float, exit_code: int, reason: str, message: str
+    ) -> None:
+        """The GPU container exited and runs again: restartCount+1 and its last state."""
         current = self._informers["pods"].get(f"{pod.namespace}/{pod.name}")
         if current is None:
             return
@@ -314,9 +323,9 @@ class KubeCluster:
                     "restartCount": int(s.get("restartCount") or 0) + 1,
                     "lastState": {
                         "terminated": {
-                            "exitCode": 137,
-                            "reason": "OOMKilled",
-                            "message": "CUDA out of memory (emulated by gpusim)",
+                            "exitCode": exit_code,
+                            "reason": reason,
+                            "message": message,
                             "startedAt": started,
                             "finishedAt": now,
                         }

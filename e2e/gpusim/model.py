@@ -1,7 +1,7 @@
 """The load model: arrivals, one queue per workload, replicas serving at their slice's speed.
 
 Pure: no clock reads, no I/O. `tick(now, replicas)` advances it to `now` and says which pods to
-mark Ready and which crash with a CUDA out-of-memory error.
+mark Ready and which crash with a CUDA out-of-memory error; `restart` restarts a server.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ CAPACITY_RPS = PREFIX + "capacity-rps"
 MEMORY_MIB = PREFIX + "memory-mib"
 STARTUP_SECONDS = PREFIX + "startup-seconds"
 MODEL_NAME = PREFIX + "model-name"
+OUTPUT_TOKENS = PREFIX + "output-tokens"
+PROMPT_TOKENS = PREFIX + "prompt-tokens"
+SLICE_SPEED = PREFIX + "slice-speed"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class ModelConfig:
     """First CrashLoopBackOff delay after an OOM; doubles per restart, capped at 300 s."""
     max_batch: int = 16
     """Concurrent sequences of a fully busy replica (vllm:num_requests_running)."""
+    output_tokens: float = 200.0
+    """Output tokens generated per request."""
+    prompt_tokens: float = 600.0
+    """Prompt tokens per request."""
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,19 @@ class ReplicaState:
     running: float = 0.0
     kv_cache_usage: float = 0.0
     success_total: float = 0.0
+    generation_tokens_total: float = 0.0
+    prompt_tokens_total: float = 0.0
+    """The server's counters: they start from zero again when it restarts."""
     ooms: int = 0
     next_oom_at: float | None = None
     startup_seconds: float = 0.0
+    output_tokens: float = 0.0  # per request
+    prompt_tokens: float = 0.0
     # the pod and slice the figures above were read from: read again only when either changes
     # (its annotations, at every tick for every pod, were a large part of a tick)
     read_from: tuple[PodInfo, Slice | None] | None = None
+    down_until: float | None = None
+    """A restarted server is not ready before this, whatever its pod says yet."""
 
 
 @dataclass
@@ -71,6 +85,10 @@ class WorkloadState:
     queue: float = 0.0
     ready_replicas: int = 0
     served_rps: float = 0.0
+    served_total: float = 0.0
+    output_tokens_total: float = 0.0
+    prompt_tokens_total: float = 0.0
+    """What it served since the emulator started, whatever its servers' restarts: ground truth."""
 
     @property
     def gateway_pending(self) -> float:
@@ -82,6 +100,24 @@ class WorkloadState:
 class TickResult:
     mark_ready: list[PodInfo]
     ooms: list[PodInfo]
+
+
+def slice_speed(annotations: Mapping[str, str], slice_name: str) -> float:
+    """How much faster than the catalog says a slice serves this workload, from
+    `slice-speed: "mig-2g.20gb=0.7,gpu-l4=1.2"` (1 for slices it does not name); a bad entry
+    is logged and ignored."""
+    for entry in annotations.get(SLICE_SPEED, "").split(","):
+        name, _, factor = entry.strip().partition("=")
+        if name.strip() != slice_name:
+            continue
+        try:
+            value = float(factor)
+        except ValueError:
+            value = -1.0
+        if value > 0:
+            return value
+        log.warning("annotation %s entry %r is not <slice>=<positive factor>", SLICE_SPEED, entry)
+    return 1.0
 
 
 def annotation(annotations: Mapping[str, str], key: str, default: float) -> float:
@@ -115,8 +151,28 @@ class LoadModel:
     def capacity(self, replica: Replica) -> float:
         if replica.slice is None:
             return 0.0
-        base = annotation(replica.pod.annotations, CAPACITY_RPS, self.config.capacity_rps)
-        return base * replica.slice.relative_throughput * replica.pod.count
+        annotations = replica.pod.annotations
+        base = annotation(annotations, CAPACITY_RPS, self.config.capacity_rps)
+        speed = slice_speed(annotations, replica.slice.name)
+        return base * replica.slice.relative_throughput * speed * replica.pod.count
+
+    def restart(self, uid: str, now: float) -> bool:
+        """The server of pod `uid` restarts: its counters start from zero, and it is not ready
+        for its start-up time. False when the pod is not emulated."""
+        state = self.replicas.get(uid)
+        if state is None:
+            return False
+        state.success_total = state.generation_tokens_total = state.prompt_tokens_total = 0.0
+        state.ready = False
+        state.down_until = now
+        return True
+
+    def _tokens(self, pod: PodInfo) -> tuple[float, float]:
+        """Output and prompt tokens per request."""
+        return (
+            annotation(pod.annotations, OUTPUT_TOKENS, self.config.output_tokens),
+            annotation(pod.annotations, PROMPT_TOKENS, self.config.prompt_tokens),
+        )
 
     def memory_need(self, pod: PodInfo) -> int:
         return int(annotation(pod.annotations, MEMORY_MIB, self.config.memory_mib))
@@ -153,6 +209,7 @@ class LoadModel:
             state.startup_seconds = annotation(
                 pod.annotations, STARTUP_SECONDS, self.config.startup_seconds
             )
+            state.output_tokens, state.prompt_tokens = self._tokens(pod)
             state.read_from = (pod, replica.slice)
         if pod.running_since is None or replica.slice is None:
             state.ready = False
@@ -168,7 +225,8 @@ class LoadModel:
                 state.next_oom_at = now + backoff + startup
                 result.ooms.append(pod)
             return
-        state.ready = now >= pod.running_since + startup
+        ready_at = max(pod.running_since, state.down_until or 0.0) + startup
+        state.ready = now >= ready_at
         if state.ready and not pod.ready:
             result.mark_ready.append(pod)
 
@@ -183,6 +241,7 @@ class LoadModel:
         workload.queue = available - served
         workload.ready_replicas = len(ready)
         workload.served_rps = served / dt if dt > 0 else 0.0
+        workload.served_total += served
         if isinstance(workload.rate, TraceRate) and workload.rate.finished(now):
             workload.rate = ConstantRate(0.0)
         for replica in replicas:
@@ -191,7 +250,12 @@ class LoadModel:
                 state.utilisation = state.waiting = state.running = state.kv_cache_usage = 0.0
                 continue
             share = state.capacity_rps / capacity
+            output, prompt = state.output_tokens, state.prompt_tokens
             state.success_total += served * share
+            state.generation_tokens_total += served * share * output
+            state.prompt_tokens_total += served * share * prompt
+            workload.output_tokens_total += served * share * output
+            workload.prompt_tokens_total += served * share * prompt
             state.utilisation = served / (capacity * dt) if dt > 0 else 0.0
             state.waiting = workload.queue * share
             state.running = state.utilisation * self.config.max_batch

@@ -24,6 +24,7 @@ _WORKLOAD = re.compile(
 
 
 _NAMESPACE = re.compile(r"^/v1/workloads/([a-z0-9][a-z0-9.-]*)$")
+_RESTART = re.compile(r"^/v1/pods/([a-z0-9][a-z0-9.-]*)/([a-z0-9][a-z0-9.-]*)/restart$")
 
 
 NODE_METRICS = "/metrics/nodes/"
@@ -154,7 +155,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._write("/load")
 
     def do_POST(self) -> None:
-        self._write("/replay")
+        restart = _RESTART.match(self.path)
+        if restart is None:
+            self._write("/replay")
+        elif self.server.sim.restart(restart.group(1), restart.group(2)):
+            self._json(200, {"restarted": f"{restart.group(1)}/{restart.group(2)}"})
+        else:
+            self._error(
+                HTTPStatus.NOT_FOUND, f"no emulated pod {restart.group(1)}/{restart.group(2)}"
+            )
 
     def _write(self, action: str) -> None:
         match = _WORKLOAD.match(self.path)

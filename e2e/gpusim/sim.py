@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,21 @@ from e2e.gpusim.model import (
     annotation,
 )
 from e2e.gpusim.openai import DEFAULT_TOKEN_SECONDS, TOKEN_SECONDS, Served, ServingPod
-from e2e.gpusim.telemetry import device_readings
+from e2e.gpusim.telemetry import DeviceReading, device_readings
 from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Account:
+    """What a workload's pods used while they held their devices: the power of their own
+    devices (`DeviceReading.own_power_w`), their slices' price, and GPU-seconds (a slice counts
+    as its share of its GPU)."""
+
+    energy_joules: float = 0.0
+    cost: float = 0.0
+    gpu_seconds: float = 0.0
 
 
 class Simulator:
@@ -44,6 +56,7 @@ class Simulator:
         self._allocator = Allocator()
         self._lock = threading.Lock()
         self._energy: dict[tuple[str, int], float] = {}
+        self._accounts: dict[WorkloadKey, Account] = {}
         self._last: float | None = None
         self._pods: dict[str, PodInfo] = {}
         self._assignment: dict[str, list[Device]] = {}
@@ -86,6 +99,8 @@ class Simulator:
                 if gpu not in seen:
                     seen.add(gpu)
                     self._energy[gpu] = self._energy.get(gpu, 0.0) + reading.power_w * dt * 1000
+                if reading.pod is not None:
+                    self._account(reading, dt)
             self._view = View(
                 devices=readings,
                 energy_mj=dict(self._energy),
@@ -98,6 +113,30 @@ class Simulator:
         for pod in result.ooms:
             log.info("pod %s/%s: CUDA out of memory, restarting", pod.namespace, pod.name)
             self._patch(lambda p: self.source.record_oom(p, now), pod)
+
+    def _account(self, reading: DeviceReading, dt: float) -> None:
+        """What the device's pod used this tick: its own power, and its slice's price."""
+        assert reading.pod is not None
+        device = reading.device
+        held = self.catalog.slice_for(device.resource, device.product.gfd_label)
+        account = self._accounts.setdefault(reading.pod.workload, Account())
+        account.energy_joules += reading.own_power_w * dt
+        if held is not None:
+            account.cost += held.price_per_hour * dt / 3600
+            account.gpu_seconds += held.share * dt
+
+    def restart(self, namespace: str, name: str) -> bool:
+        """Restart a pod's server, as a crash would; False when no such pod is emulated."""
+        with self._lock:
+            pod = next(
+                (p for p in self._pods.values() if (p.namespace, p.name) == (namespace, name)),
+                None,
+            )
+            at = self.clock()
+            if pod is None or not self.model.restart(pod.uid, at):
+                return False
+        self._patch(lambda p: self.source.record_restart(p, at), pod)
+        return True
 
     @staticmethod
     def _patch(action: Callable[[PodInfo], None], pod: PodInfo) -> None:
@@ -122,6 +161,8 @@ class Simulator:
                     running=state.running,
                     kv_cache_usage=state.kv_cache_usage,
                     success_total=state.success_total,
+                    generation_tokens_total=state.generation_tokens_total,
+                    prompt_tokens_total=state.prompt_tokens_total,
                 )
             )
         return servers
@@ -159,6 +200,8 @@ class Simulator:
             gone = [key for key in self.model.workloads if key[0] == namespace]
             for key in gone:
                 del self.model.workloads[key]
+            for key in [k for k in self._accounts if k[0] == namespace]:
+                del self._accounts[key]
         self.served.forget(namespace)
         return sorted(name for _, name in gone)
 
@@ -199,6 +242,7 @@ class Simulator:
                     }
                 )
             rate = state.rate
+            account = self._accounts.get(key, Account())
             return {
                 "namespace": key[0],
                 "name": key[1],
@@ -210,6 +254,16 @@ class Simulator:
                 "gatewayPending": state.gateway_pending,
                 "pods": pods,
                 **self.served.describe(key),
+                # since the emulator started, whatever the servers' restarts: ground truth
+                "accounting": {
+                    "servedRequests": state.served_total,
+                    "outputTokens": state.output_tokens_total,
+                    "promptTokens": state.prompt_tokens_total,
+                    "energyJoules": account.energy_joules,
+                    "cost": account.cost,
+                    "gpuSeconds": account.gpu_seconds,
+                    "time": now,
+                },
             }
 
     def run(

@@ -9,8 +9,6 @@ from e2e.gpusim.cluster import PodInfo
 from e2e.gpusim.devices import Device
 from e2e.gpusim.model import ReplicaState
 
-IDLE_POWER_SHARE = 0.1
-"""An idle H100 draws about 70 of its 700 W."""
 SM_CLOCK_IDLE_MHZ = 345
 SM_CLOCK_BUSY_MHZ = 1980
 TEMP_IDLE_C = 32
@@ -28,6 +26,9 @@ class DeviceReading:
     fb_reserved_mib: int
     power_w: float
     """The parent GPU's power, repeated on each of its instances."""
+    own_power_w: float
+    """This device's part of its GPU's power (ground truth, not served): the GPU's idle power
+    split by compute share among its instances, plus the power of its own work."""
     sm_clock_mhz: int
     temp_c: int
 
@@ -50,6 +51,7 @@ def device_readings(
     owner = {d.key: uid for uid, held in assignment.items() for d in held}
     partial: list[tuple[Device, PodInfo | None, float, int]] = []
     gpu_busy: dict[tuple[str, int], float] = {}
+    gpu_compute: dict[tuple[str, int], float] = {}
     for device in devices:
         uid = owner.get(device.key)
         pod = pods.get(uid) if uid else None
@@ -59,15 +61,16 @@ def device_readings(
         if pod is not None and state is not None and pod.running_since is not None:
             used = min(state.memory_need_mib // max(1, pod.count), _total(device))
         partial.append((device, pod, busy, used))
-        compute = 1.0
-        mig = device.product.mig
-        if device.profile is not None and mig is not None:
-            compute = mig.profiles[device.profile].compute_slices / mig.compute_slices
+        compute = _compute_share(device)
         gpu_key = (device.node, device.gpu)
         gpu_busy[gpu_key] = gpu_busy.get(gpu_key, 0.0) + busy * compute
+        gpu_compute[gpu_key] = gpu_compute.get(gpu_key, 0.0) + compute
     readings = []
     for device, pod, busy, used in partial:
-        load = min(1.0, gpu_busy[(device.node, device.gpu)])
+        gpu_key = (device.node, device.gpu)
+        load = min(1.0, gpu_busy[gpu_key])
+        board, idle = device.product.board_power_watts, device.product.idle_watts
+        compute = _compute_share(device)
         total = _total(device)
         reserved = round(device.product.memory_mib * 0.005) if device.profile is None else 0
         readings.append(
@@ -78,13 +81,21 @@ def device_readings(
                 fb_used_mib=used,
                 fb_free_mib=max(0, total - reserved - used),
                 fb_reserved_mib=reserved,
-                power_w=device.product.board_power_watts
-                * (IDLE_POWER_SHARE + (1 - IDLE_POWER_SHARE) * load),
+                power_w=idle + (board - idle) * load,
+                own_power_w=idle * compute / gpu_compute[gpu_key] + (board - idle) * busy * compute,
                 sm_clock_mhz=SM_CLOCK_BUSY_MHZ if load > 0 else SM_CLOCK_IDLE_MHZ,
                 temp_c=round(TEMP_IDLE_C + TEMP_RISE_C * load),
             )
         )
     return readings
+
+
+def _compute_share(device: Device) -> float:
+    """A MIG instance's share of its GPU's compute slices; 1 for a whole GPU."""
+    mig = device.product.mig
+    if device.profile is None or mig is None:
+        return 1.0
+    return mig.profiles[device.profile].compute_slices / mig.compute_slices
 
 
 def _total(device: Device) -> int:

@@ -36,6 +36,9 @@ class FakeClusterSource:
 
     def record_oom(self, pod: PodInfo, at: float) -> None:
         self.oom_kills.append((pod.name, at))
+        self.record_restart(pod, at)
+
+    def record_restart(self, pod: PodInfo, at: float) -> None:
         current = self.pods[pod.uid]
         self.pods[pod.uid] = dataclasses.replace(
             current, restart_count=current.restart_count + 1, running_since=at, ready=False

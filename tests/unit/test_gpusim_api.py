@@ -149,6 +149,20 @@ def test_forgetting_a_namespace_drops_its_demand_and_backlog(api: Harness) -> No
     assert api.call("DELETE", "/v1/workloads/llm/chat")[0] == 404
 
 
+def test_restarting_a_pods_server(api: Harness) -> None:
+    api.call("PUT", "/v1/workloads/llm/chat/load", {"requestsPerSecond": 2.0})
+    api.advance(8)
+    assert api.call("POST", "/v1/pods/llm/chat-1/restart") == (200, {"restarted": "llm/chat-1"})
+    [pod] = api.source.pods.values()
+    assert pod.restart_count == 1 and not pod.ready
+    api.advance(1)
+    [described] = api.call("GET", "/v1/workloads/llm/chat")[1]["pods"]
+    assert described["ready"] is False
+    assert "vllm:request_success_total" not in api.call("GET", "/metrics")[1]
+    status, body = api.call("POST", "/v1/pods/llm/nobody/restart")
+    assert status == 404 and body == {"error": "no emulated pod llm/nobody"}
+
+
 def test_replay(api: Harness, tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("timestamp_s,requests\n0,100\n10,0\n")

@@ -128,6 +128,8 @@ def test_names_types_and_label_order(sim: Simulator) -> None:
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
         "vllm:request_success_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
     ]:
         assert {tuple(order) for order, _, _ in series[name]} == {
             ("namespace", "pod", "model_name")
@@ -201,6 +203,40 @@ def test_mig_instance_series(sim: Simulator) -> None:
         if labels["Hostname"] == "gpu-b"
     }
     assert len(uuids) == 1  # UUID names the parent GPU
+
+
+def test_token_counters_follow_the_requests(sim: Simulator) -> None:
+    _, series = scrape(sim)
+    _, requests = one(series, "vllm:request_success_total", pod="chat-1")
+    _, output = one(series, "vllm:generation_tokens_total", pod="chat-1")
+    _, prompt = one(series, "vllm:prompt_tokens_total", pod="chat-1")
+    assert requests > 0
+    assert (output, prompt) == (pytest.approx(200 * requests), pytest.approx(600 * requests))
+
+
+def test_each_device_owns_a_part_of_its_gpus_power_that_adds_up(sim: Simulator) -> None:
+    """The ground truth of energy per result: what is not served, only accounted."""
+    by_gpu: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for reading in sim.view().devices:
+        key = (reading.device.node, reading.device.gpu)
+        by_gpu.setdefault(key, []).append((reading.own_power_w, reading.power_w))
+    for parts in by_gpu.values():
+        assert sum(own for own, _ in parts) == pytest.approx(parts[0][1])
+    # the busy 3g.40gb on gpu-b: 3/7 of the idle 70 W, and its own work
+    small = next(r for r in sim.view().devices if r.pod is not None and r.pod.name == "small-1")
+    assert small.own_power_w == pytest.approx(70 * 3 / 7 + 630 * small.busy * 3 / 7)
+
+
+def test_the_accounting_is_ground_truth_per_workload(sim: Simulator) -> None:
+    chat = sim.describe(("llm", "chat"))["accounting"]
+    small = sim.describe(("llm", "small"))["accounting"]
+    # ten one-second ticks after the first: one H100 at $3/h, half an H100's slice at $1.50/h
+    assert chat["cost"] == pytest.approx(3.00 * 10 / 3600)
+    assert small["cost"] == pytest.approx(1.50 * 10 / 3600)
+    assert (chat["gpuSeconds"], small["gpuSeconds"]) == (pytest.approx(10), pytest.approx(5))
+    assert chat["servedRequests"] == pytest.approx(40)  # 4 req/s, ready from the start
+    assert chat["outputTokens"] == pytest.approx(200 * 40)
+    assert chat["energyJoules"] == pytest.approx((70 + 630 * 0.4) * 10)
 
 
 def test_exporter_variants(sim: Simulator) -> None:

@@ -274,3 +274,43 @@ def test_simulator_reports_oom_restarts_through_the_source(catalog: Catalog) -> 
         now[0] += 1
     assert source.oom_kills == [("big-1", 2.0), ("big-1", 5.0)]
     assert source.pods[pod.uid].restart_count == 2 and not source.readied
+
+
+def test_a_slice_can_serve_slower_than_the_catalog_says(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(capacity_rps=10, startup_seconds=0))
+    speed = {"gpusim.gpusizer.io/slice-speed": "gpu-l4=2, mig-2g.20gb=0.7,mig-3g.40gb=fast"}
+    slow = replica(catalog, "slow", "nvidia.com/mig-2g.20gb", annotations=speed)
+    bad = replica(catalog, "bad", "nvidia.com/mig-3g.40gb", annotations=speed)
+    whole = replica(catalog, "whole", annotations=speed)
+    model.tick(0, [slow, bad, whole])
+    assert slow.slice is not None and bad.slice is not None
+    assert model.replicas["uid-llm-slow"].capacity_rps == pytest.approx(
+        10 * slow.slice.relative_throughput * 0.7
+    )
+    # a factor that is not a positive number is logged and ignored
+    assert model.replicas["uid-llm-bad"].capacity_rps == pytest.approx(
+        10 * bad.slice.relative_throughput
+    )
+    assert model.replicas["uid-llm-whole"].capacity_rps == pytest.approx(10)  # not named
+
+
+def test_a_restarted_server_counts_from_zero_and_is_not_ready_meanwhile(catalog: Catalog) -> None:
+    model = LoadModel(ModelConfig(capacity_rps=10, startup_seconds=5))
+    served = replica(catalog, "a", running_since=0.0)
+    model.set_rate(CHAT, ConstantRate(4))
+    for t in range(5, 16):
+        model.tick(t, [served])
+    state = model.replicas["uid-llm-a"]
+    assert state.success_total == pytest.approx(40) and state.generation_tokens_total > 0
+    assert model.restart("uid-llm-a", 15.0) and not model.restart("uid-llm-none", 15.0)
+    assert (state.success_total, state.generation_tokens_total, state.prompt_tokens_total) == (
+        0,
+        0,
+        0,
+    )
+    model.tick(18, [served])
+    assert not state.ready  # its start-up time from the restart
+    model.tick(20, [served])
+    assert state.ready and state.success_total > 0
+    # the workload's totals are the ground truth: a restart does not take them back
+    assert model.workload(CHAT).served_total == pytest.approx(4 * 15)
