@@ -3,6 +3,7 @@ every branch of a turn: each answers from a table the test fills and records wha
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,15 +20,16 @@ from gpusizer.api.partitioning import REPARTITION_ANNOTATION, REPARTITION_FAILUR
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog import load_catalog
 from gpusizer.cluster import WorkloadObject
+from gpusizer.measurement import Measurer
 from gpusizer.partition.objects import ConfigMapRef, GpuNode, PartitionProblem
 from gpusizer.ports import MetricsSource, RouteClient, TargetClient
 from gpusizer.reconcile import Services
 from gpusizer.rightsizing import RightSizer
 from gpusizer.settings import Tenancy
 from gpusizer.signals.discovery import OfferCache
-from gpusizer.signals.parse import PodSamples, Problem
+from gpusizer.signals.parse import LabelledValue, PodSamples, Problem
 from gpusizer.signals.queries import PodQuery
-from gpusizer.signals.reader import HistoryCache
+from gpusizer.signals.reader import HistoryCache, LedgerCache
 from gpusizer.vocabulary import Reason
 
 
@@ -38,6 +40,7 @@ class FakeMetrics:
 
     answers: dict[str, PodSamples | Problem] = field(default_factory=dict)
     scalars: dict[str, float | Problem] = field(default_factory=dict)
+    series: dict[str, list[LabelledValue] | Problem] = field(default_factory=dict)
     down: Problem | None = None
     asked: list[tuple[str, str]] = field(default_factory=list)  # (signal, promql)
 
@@ -54,6 +57,20 @@ class FakeMetrics:
             else:
                 samples[name] = answer
         return samples, errors
+
+    async def series_batch(
+        self, wanted: Mapping[str, str]
+    ) -> tuple[dict[str, list[LabelledValue]], dict[str, Problem]]:
+        found: dict[str, list[LabelledValue]] = {}
+        errors: dict[str, Problem] = {}
+        for name, promql in wanted.items():
+            self.asked.append((name, promql))
+            answer = self.down or self.series.get(name, [])
+            if isinstance(answer, Problem):
+                errors[name] = answer
+            else:
+                found[name] = list(answer)
+        return found, errors
 
     async def scalar(self, promql: str) -> tuple[float | None, Problem | None]:
         self.asked.append(("scalar", promql))
@@ -187,16 +204,23 @@ def services(
     targets: TargetClient,
     tenancy: Tenancy | None = None,
     routes: RouteClient | None = None,
+    now: float | None = None,
 ) -> Services:
-    """A turn's ports with the default catalog; right-sizing reads its history from `metrics`
-    and writes through `targets`."""
+    """A turn's ports with the default catalog; right-sizing reads its history (windows that
+    end at `now`, else at the time of the read) and the ledger from `metrics`, and writes
+    through `targets`."""
     catalog = load_catalog()
+    history = HistoryCache(metrics, 60, wall=(lambda: now) if now is not None else time.time)
     return Services(
         metrics=metrics,
         targets=targets,
         routes=routes or FakeRoutes(),
         right_sizer=RightSizer(
-            catalog, HistoryCache(metrics, 60), OfferCache(catalog, 60), targets
+            catalog,
+            history,
+            OfferCache(catalog, 60),
+            targets,
+            measurer=Measurer(catalog, history, LedgerCache(metrics, 60)),
         ),
         tenancy=tenancy or Tenancy(),
     )

@@ -125,6 +125,13 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "about a minute later [GPUSIZER_MIG_CONFIG_SETTLE]",
     )
     p.add_argument(
+        "--prediction-tolerance",
+        type=float,
+        default=float(_env("PREDICTION_TOLERANCE", "0.2") or 0.2),
+        help="share by which the throughput measured on a slice after a move may differ from "
+        "the one predicted before it is reported as an Event [GPUSIZER_PREDICTION_TOLERANCE]",
+    )
+    p.add_argument(
         "--sync-period",
         type=float,
         default=float(_env("SYNC_PERIOD", "15") or 15),
@@ -288,6 +295,7 @@ def _run(args: argparse.Namespace) -> int:
         partitioning=not args.namespace,
         mig_config_map=args.mig_config_map,
         mig_config_settle_seconds=args.mig_config_settle,
+        prediction_tolerance=args.prediction_tolerance,
     )
     configure_logging(args.log_format, args.log_level)
     if not pin_malloc_mmap_threshold():
@@ -462,6 +470,13 @@ def _add_recommend(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument(
+        "--ledger",
+        action="store_true",
+        help="also show the savings ledger: GPU-hours, cost and kWh each WorkloadSizing used "
+        "over the last 24 hours and 7 days against static provisioning for its observed peak, "
+        "and the fleet's (read from the operator's own series in Prometheus)",
+    )
+    p.add_argument(
         "--catalog-file",
         default=_env("CATALOG_FILE"),
         help="YAML overriding the GPU catalog [GPUSIZER_CATALOG_FILE]",
@@ -474,22 +489,37 @@ def _recommend(args: argparse.Namespace) -> int:
 
     from gpusizer.catalog import load_catalog
     from gpusizer.kube import api_client
-    from gpusizer.report.fleet import fleet_report, render_json, render_table
+    from gpusizer.report.fleet import (
+        fleet_report,
+        ledger_report,
+        render_json,
+        render_ledger,
+        render_table,
+    )
     from gpusizer.settings import PrometheusSettings
     from gpusizer.signals.prometheus import PrometheusSource
 
     if not args.prometheus_url:
         print("gpusizer recommend: --prometheus-url is required", file=sys.stderr)
         return 2
+    prometheus = PrometheusSource(PrometheusSettings(url=args.prometheus_url.rstrip("/")))
+    catalog = load_catalog(Path(args.catalog_file) if args.catalog_file else None)
     rows = asyncio.run(
         fleet_report(
             api_client(timeout_seconds=FLEET_LIST_TIMEOUT_SECONDS),
-            PrometheusSource(PrometheusSettings(url=args.prometheus_url.rstrip("/"))),
-            load_catalog(Path(args.catalog_file) if args.catalog_file else None),
+            prometheus,
+            catalog,
             args.history_seconds,
         )
     )
-    print(render_json(rows) if args.format == "json" else render_table(rows))
+    ledger, problems = asyncio.run(ledger_report(prometheus)) if args.ledger else ([], [])
+    currency = catalog.data.currency
+    if args.format == "json":
+        print(render_json(rows, currency, ledger if args.ledger else None, problems))
+    else:
+        print(render_table(rows))
+        if args.ledger:
+            print(render_ledger(ledger, problems, currency))
     return 0
 
 

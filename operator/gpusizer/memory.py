@@ -13,6 +13,7 @@ from typing import Any
 from gpusizer.actuate.target_view import TargetView
 from gpusizer.api.v1alpha1 import TargetRef, WorkloadSizingSpec
 from gpusizer.cluster import ClusterView
+from gpusizer.throughput import ThroughputBook
 
 
 class SpecCache:
@@ -53,8 +54,12 @@ class Memory:
     watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
     # the activator port this process gave each workload, before its status shows it
     activator_ports: dict[tuple[str, str], int] = field(default_factory=dict)
+    # what each workload's status says it measured, shared by those serving alike: refilled
+    # from the statuses within a sync period of a restart
+    throughput: ThroughputBook = field(default_factory=ThroughputBook)
 
     def forget(self, namespace: str, name: str) -> None:
+        self.throughput.forget((namespace, name))
         self.decided.pop((namespace, name), None)
         self.specs.forget(namespace, name)
         self.watch_behind.pop((namespace, name), None)

@@ -16,7 +16,7 @@ from gpusizer.activation import ActivatorRoute
 from gpusizer.actuate.target_view import SliceChange, TargetView
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.partition.objects import ConfigMapRef
-from gpusizer.signals.parse import PodSamples, Problem
+from gpusizer.signals.parse import LabelledValue, PodSamples, Problem
 from gpusizer.signals.queries import PodQuery
 
 
@@ -30,6 +30,13 @@ class MetricsSource(Protocol):
 
     async def scalar(self, promql: str) -> tuple[float | None, Problem | None]:
         """One value (a wake query's): a number, or the reason there is none."""
+        ...
+
+    async def series_batch(
+        self, wanted: Mapping[str, str]
+    ) -> tuple[dict[str, list[LabelledValue]], dict[str, Problem]]:
+        """Each query's series with their labels (for what is not per pod: a MIG instance's
+        GPU, a workload's ledger); a query that failed is in the second dict, with the reason."""
         ...
 
 

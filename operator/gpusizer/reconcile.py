@@ -1,5 +1,5 @@
-"""One turn of one WorkloadSizing: the checks that end it, then observe, decide, route, act,
-report.
+"""One turn of one WorkloadSizing: the checks that end it, then observe, measure, decide, route,
+act, report.
 
 Kopf-free: the caller passes the object and the cycle's shared reads in, and posts the events
 and the status patch this returns. Every step is a function of its inputs and the ports it is
@@ -40,6 +40,7 @@ from gpusizer.api.v1alpha1 import (
 )
 from gpusizer.clock import Cycle
 from gpusizer.cluster import ClusterView, WorkloadObject
+from gpusizer.measurement import Measured
 from gpusizer.memory import Memory, SpecCache
 from gpusizer.policy.replicas import History, ReplicaCounts, ReplicaDecision, decide_replicas
 from gpusizer.ports import MetricsSource, RouteClient, TargetClient
@@ -143,15 +144,18 @@ async def reconcile(
     pods = view.selected(obj.namespace, target.selector)
     held = held_requests(obj.annotations, now)
     signals = await observe(checked, pods, cycle.snapshot, services, held, now)
+    subject = Sized(obj.namespace, target, pods, view)
+    measured = await measure(checked, subject, services, memory, now)
     decision = decide(checked, pods, signals, memory, now)
     paused_by = pause_source(obj.annotations, target)
     sizing = RightSizingOutcome()
     if spec.right_sizing.mode != Mode.OFF:
         sizing = await services.right_sizer.size(
             spec,
-            Sized(obj.namespace, target, pods, view),
+            subject,
             now,
             may_act=spec.mode == Mode.AUTO and paused_by is None,
+            measured=measured,
         )
     hold = holding(checked, decision, paused_by, sizing.reshaping)
     routed = await route(checked, pods, decision, hold, services.routes, view, memory)
@@ -165,6 +169,7 @@ async def reconcile(
         "observation": _observation(signals, now),
         "last_scale_time": acted.last_scale_time,
         **history_fields(acted.history, learned=spec.scale_to_zero.enabled),
+        **measured.status_fields(),
     }
     if sizing.recommendation is not None:
         status["recommendation"] = sizing.recommendation
@@ -288,6 +293,18 @@ async def observe(
             wake_signal = ACTIVATOR_SIGNAL
     return workload_signals(
         spec, pods, snapshot, now, custom_queue=custom, wake=wake, wake_signal=wake_signal
+    )
+
+
+async def measure(
+    checked: Checked, sized: Sized, services: Services, memory: Memory, now: float
+) -> Measured:
+    """What the workload's results cost over the right-sizing window, the throughput it
+    showed, and what its pods held since this process last decided it (`measurement`)."""
+    obj = checked.obj
+    key = (obj.namespace, obj.name)
+    return await services.right_sizer.measure(
+        checked.spec, sized, key, obj.status, memory.throughput, memory.decided.get(key), now
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -18,15 +19,18 @@ from gpusizer.api.annotations import (
     PREVIOUS_SLICE_ANNOTATION,
     RESHAPE_ANNOTATION,
     Placement,
+    Prediction,
     ReshapeRecord,
     ReshapeState,
 )
-from gpusizer.api.v1alpha1 import Mode, Recommendation, WorkloadSizingSpec
+from gpusizer.api.v1alpha1 import Mode, Recommendation, ResultCosts, WorkloadSizingSpec
 from gpusizer.catalog import Catalog, Slice
 from gpusizer.catalog.models import PRODUCT_LABEL
 from gpusizer.cluster import ClusterView
+from gpusizer.efficiency import Efficiency, Figures, after_move, rounded, slice_watts
+from gpusizer.measurement import Measured, Measurer
 from gpusizer.policy.reshape import NewPods, Progress, reshape_progress
-from gpusizer.policy.slices import Candidate, SliceChoice, choose_slice
+from gpusizer.policy.slices import Candidate, SliceChoice, Usage, busy_units, choose_slice
 from gpusizer.ports import TargetClient
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import ConditionState
@@ -34,6 +38,13 @@ from gpusizer.signals.discovery import NodeInfo, OfferCache
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.reader import HistoryCache
 from gpusizer.signals.usage import usage
+from gpusizer.throughput import (
+    DEFAULT_SURPRISE_SHARE,
+    TOKENS_UNIT,
+    ThroughputBook,
+    predicted_rate,
+    surprise,
+)
 from gpusizer.timefmt import iso, parse_time
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
@@ -135,7 +146,7 @@ def _gpu_container(spec: WorkloadSizingSpec, target: TargetView) -> str | None:
     return None
 
 
-def _recommendation(choice: SliceChoice) -> Recommendation:
+def _recommendation(choice: SliceChoice, used: Usage, measured: Measured) -> Recommendation:
     best = choice.recommended
     return Recommendation(
         slice=best.slice.name if best else None,
@@ -147,7 +158,35 @@ def _recommendation(choice: SliceChoice) -> Recommendation:
         if choice.current_cost_per_hour is not None
         else None,
         reason=choice.message,
+        throughput=None if best is None else ("Measured" if best.measured else "Estimated"),
+        after=_result_costs(estimated_after(choice, used, measured.efficiency)),
     )
+
+
+def estimated_after(choice: SliceChoice, used: Usage, now: Efficiency | None) -> Figures | None:
+    """What a result would cost on the recommended slice: an estimate from what it costs now,
+    the recommended replicas' cost and their estimated draw."""
+    best, units = choice.recommended, busy_units(used)
+    if best is None or now is None or units is None:
+        return None
+    watts = slice_watts(best.slice, best.replicas, units / best.speed)
+    return after_move(now, choice.current_cost_per_hour, best.cost_per_hour, watts)
+
+
+def _result_costs(figures: Figures | None) -> ResultCosts | None:
+    if figures is None:
+        return None
+    shown = rounded(figures)
+    return ResultCosts(**{name: getattr(shown, name) for name in type(shown).__dataclass_fields__})
+
+
+def _prediction(measured: Measured, move: Move) -> Prediction | None:
+    capacity = measured.capacity
+    rate = predicted_rate(capacity, move.current, move.best.slice)
+    if rate is None or rate <= 0:
+        return None
+    basis = "Measured" if move.best.measured else "Estimated"
+    return Prediction(rate=rate, unit=capacity.unit, basis=basis)
 
 
 def _condition(status: bool | None, reason: Reason, message: str) -> ConditionState:
@@ -155,8 +194,9 @@ def _condition(status: bool | None, reason: Reason, message: str) -> ConditionSt
 
 
 class RightSizer:
-    """Right-sizing's collaborators: the catalog, the measured history, the cluster's free
-    slices and the target client, with the reshape settings."""
+    """Right-sizing's collaborators: the catalog, the measured history and what it shows
+    (`measurement.Measurer`), the cluster's free slices and the target client, with the
+    reshape settings."""
 
     def __init__(
         self,
@@ -166,6 +206,8 @@ class RightSizer:
         targets: TargetClient,
         reshape_deadline_seconds: float = 600.0,
         min_reshape_interval_seconds: float = 3600.0,
+        measurer: Measurer | None = None,
+        surprise_share: float = DEFAULT_SURPRISE_SHARE,
     ) -> None:
         self.catalog = catalog
         self._history = history
@@ -173,11 +215,42 @@ class RightSizer:
         self._targets = targets
         self._deadline = reshape_deadline_seconds
         self._min_interval = min_reshape_interval_seconds
+        self._measurer = measurer or Measurer(catalog, history)
+        self._surprise_share = surprise_share
+
+    async def measure(
+        self,
+        spec: WorkloadSizingSpec,
+        sized: Sized,
+        key: tuple[str, str],
+        status: Mapping[str, Any],
+        book: ThroughputBook,
+        previous_turn: float | None,
+        now: float,
+    ) -> Measured:
+        """What the workload's results cost, and its throughput (`measurement.Measurer`)."""
+        return await self._measurer.measure(
+            spec,
+            key,
+            sized.target,
+            sized.pods,
+            sized.cluster.nodes,
+            status,
+            book,
+            previous_turn,
+            now,
+        )
 
     async def size(
-        self, spec: WorkloadSizingSpec, sized: Sized, now: float, may_act: bool
+        self,
+        spec: WorkloadSizingSpec,
+        sized: Sized,
+        now: float,
+        may_act: bool,
+        measured: Measured | None = None,
     ) -> RightSizingOutcome:
         """`may_act` is False in Recommend mode and while paused: then this only reports."""
+        measured = measured or Measured()
         record = reshape_record(sized.target)
         if record is not None and record.state == ReshapeState.IN_PROGRESS:
             return await self._follow(spec, sized, record, now)
@@ -190,8 +263,8 @@ class RightSizer:
                     "the workload's GPU resource and node product are not in the catalog",
                 )
             )
-        choice, message = await self._choose(spec, sized, current, record, now)
-        out = RightSizingOutcome(recommendation=_recommendation(choice))
+        choice, message, used = await self._choose(spec, sized, current, record, now, measured)
+        out = RightSizingOutcome(recommendation=_recommendation(choice, used, measured))
         right = choice.reason in (Reason.RIGHT_SIZED, Reason.SAVING_TOO_SMALL)
         out.condition = _condition(
             None if choice.reason == Reason.NO_MEASUREMENT else right, choice.reason, message
@@ -206,9 +279,12 @@ class RightSizer:
                 # the move stands, with the recommendation that made it, until it is measured
                 out.recommendation = None
                 out.condition = _condition(True, Reason.RIGHT_SIZED, moved_here)
+            if moved_here is not None:
+                out.events += await self._check_prediction(spec, sized, record, measured)
         best = choice.recommended
         if choice.apply and best is not None and spec.right_sizing.mode == Mode.AUTO and may_act:
-            moving = await self._move(spec, sized, Move(current, units, best, message), now)
+            move = Move(current, units, best, message)
+            moving = await self._move(spec, sized, move, now, measured)
             moving.recommendation = out.recommendation
             return moving
         return out
@@ -220,15 +296,16 @@ class RightSizer:
         current: Slice,
         record: ReshapeRecord | None,
         now: float,
-    ) -> tuple[SliceChoice, str]:
-        """The slice choice on the measured history, and its message with the measurement's
-        problems."""
+        measured: Measured,
+    ) -> tuple[SliceChoice, str, Usage]:
+        """The slice choice on the measured history, its message with the measurement's
+        problems, and the use it was made on."""
         history = await self._history.get(spec.right_sizing.history_seconds)
-        measured, problems = usage(history, sized.pods, spec.metrics.server, now)
+        used, problems = usage(history, sized.pods, now)
         rules = spec.replicas
         choice = choose_slice(
             current=current,
-            usage=measured,
+            usage=used,
             offers=self._offers.get(sized.cluster.nodes.values(), sized.cluster.all_pods, now),
             spec=spec.right_sizing,
             target_utilization=rules.target_gpu_utilization or 70.0,
@@ -236,14 +313,60 @@ class RightSizer:
             now=now,
             last_reshape_time=parse_time(record.started) if record is not None else None,
             min_interval_seconds=self._min_interval,
+            measured=measured.capacity.per_slice,
         )
         problems_note = f" (measurement problems: {'; '.join(problems)})" if problems else ""
-        return choice, choice.message + problems_note
+        return choice, choice.message + problems_note, used
+
+    async def _check_prediction(
+        self, spec: WorkloadSizingSpec, sized: Sized, record: ReshapeRecord, measured: Measured
+    ) -> list[EventIntent]:
+        """Once the new slice is measured after a move, its throughput against the move's
+        prediction: a miss by more than the surprise share is an Event (the measurement has
+        already replaced the estimate). Checked once: the record says so."""
+        prediction = record.prediction
+        if prediction is None or prediction.checked:
+            return []
+        started = parse_time(record.started) or 0.0
+        outcome = next(
+            (
+                m
+                for m in measured.throughput
+                if (m.slice, m.product) == (record.to.slice, record.to.product) and m.time > started
+            ),
+            None,
+        )
+        rate = outcome.rate(prediction.unit) if outcome is not None else None
+        if rate is None:
+            return []
+        checked = record.model_copy(
+            update={"prediction": prediction.model_copy(update={"checked": True})}
+        )
+        try:
+            await self._targets.annotate(
+                sized.namespace, spec.target_ref, {RESHAPE_ANNOTATION: checked.annotation()}
+            )
+        except TargetProblem as exc:
+            log.warning("recording the checked prediction failed: %s", exc)
+            return []
+        missed = surprise(prediction.rate, rate)
+        if abs(missed) <= self._surprise_share:
+            return []
+        unit = "output tokens/s" if prediction.unit == TOKENS_UNIT else "req/s"
+        direction = "more" if missed > 0 else "less"
+        message = (
+            f"on {record.to.slice} a fully busy replica serves {rate:.3g} {unit}, "
+            f"{abs(missed):.0%} {direction} than the {prediction.rate:.3g} predicted "
+            f"({prediction.basis.lower()} throughput); the measured figure now replaces the "
+            "estimate"
+        )
+        return [EventIntent("Warning", EventReason.THROUGHPUT_MISPREDICTED, message)]
 
     async def _move(
-        self, spec: WorkloadSizingSpec, sized: Sized, move: Move, now: float
+        self, spec: WorkloadSizingSpec, sized: Sized, move: Move, now: float, measured: Measured
     ) -> RightSizingOutcome:
-        """Start a move: one template change that carries the record."""
+        """Start a move: one template change that carries the record, with the throughput it
+        predicts on the new slice when the current one's was measured."""
         container = _gpu_container(spec, sized.target)
         if container is None:
             return RightSizingOutcome(
@@ -262,6 +385,7 @@ class RightSizer:
             started=iso(now),
             deadline_seconds=self._deadline,
             message=move.message,
+            prediction=_prediction(measured, move),
         )
         change = SliceChange(
             container=container,

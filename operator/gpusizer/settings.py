@@ -66,6 +66,7 @@ class OperatorSettings:
     # mig-manager reads the ConfigMap from a mounted file, which the kubelet refreshes about a
     # minute after a change: a label set sooner could name a config it does not have yet
     mig_config_settle_seconds: float = 60.0
+    prediction_tolerance: float = 0.2  # a move whose measured throughput misses by more: Event
 
     @property
     def read_period(self) -> float:
@@ -76,6 +77,12 @@ class OperatorSettings:
         """The age at which what is done once per sync period (a full read, the HPA list) is
         done again: at the read nearest the period's end."""
         return self.sync_period_seconds - self.read_period / 2
+
+    @property
+    def max_accounted_gap_seconds(self) -> float:
+        """The longest time between two turns of a workload that the savings ledger counts:
+        longer, another replica was in charge or this one was stopped (`ledger.held`)."""
+        return max(120.0, 4 * self.sync_period_seconds)
 
     @property
     def decide_every(self) -> int:

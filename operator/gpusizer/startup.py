@@ -20,6 +20,7 @@ from gpusizer.api.v1alpha1 import Server
 from gpusizer.catalog import load_catalog
 from gpusizer.clock import CycleClock, fetch_cycle
 from gpusizer.kube import WORKER_THREADS, api_client
+from gpusizer.measurement import Measurer
 from gpusizer.memory import Memory
 from gpusizer.peering import report_peering
 from gpusizer.reconcile import Services
@@ -30,7 +31,7 @@ from gpusizer.signals.autoscalers import AutoscalerLister, TargetKey
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import OfferCache
 from gpusizer.signals.prometheus import PrometheusSource
-from gpusizer.signals.reader import HistoryCache, SnapshotReader
+from gpusizer.signals.reader import HistoryCache, LedgerCache, SnapshotReader
 from gpusizer.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -88,17 +89,25 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
             runtime.activator_replicas_changed()
 
     routes = Routes(client, config.activator_service, activator_replicas_changed)
+    history = HistoryCache(prometheus, config.rightsizing_period_seconds)
     services = Services(
         metrics=prometheus,
         targets=targets,
         routes=routes,
         right_sizer=RightSizer(
             catalog,
-            HistoryCache(prometheus, config.rightsizing_period_seconds),
+            history,
             OfferCache(catalog, config.sync_period_seconds),
             targets,
             reshape_deadline_seconds=config.reshape_deadline_seconds,
             min_reshape_interval_seconds=config.min_reshape_interval_seconds,
+            measurer=Measurer(
+                catalog,
+                history,
+                LedgerCache(prometheus, config.rightsizing_period_seconds),
+                max_gap_seconds=config.max_accounted_gap_seconds,
+            ),
+            surprise_share=config.prediction_tolerance,
         ),
         tenancy=config.tenancy,
     )

@@ -117,3 +117,4 @@ class EventReason(StrEnum):
     DRAIN_TIMED_OUT = "DrainTimedOut"
     REPARTITION_ABANDONED = "RepartitionAbandoned"
     ROLLBACK_FAILED = "RollbackFailed"
+    THROUGHPUT_MISPREDICTED = "ThroughputMispredicted"

@@ -555,6 +555,8 @@ def test_service_monitor_and_prometheus_rule() -> None:
     monitor = find(objs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    # the ledger and the dashboards group by the workload's namespace label
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     service = find(objs, "Service", f"{RELEASE}-metrics")
     assert all(
         service["metadata"]["labels"].get(k) == v

@@ -71,6 +71,7 @@ def test_names_subresource_and_columns() -> None:
         "GPU%",
         "Queue",
         "Slice",
+        "Cost/1kReq",
         "Ready",
         "Age",
     ]

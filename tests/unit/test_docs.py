@@ -62,7 +62,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def gpusizer_series(expr: str) -> set[str]:
-    names = set(re.findall(r"\bgpusizer_[a-z_]+", expr))
+    names = set(re.findall(r"\bgpusizer_[a-z0-9_]+", expr))
     return {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
 
 
@@ -297,7 +297,8 @@ def test_dashboard_shows_every_operator_metric_and_gpu_use() -> None:
     used = set().union(*(gpusizer_series(e) for e in exprs))
     assert used == set(exported_metrics()), set(exported_metrics()) ^ used
     text = " ".join(exprs)
-    for series in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"):
+    gpu_series = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    for series in (*gpu_series, "DCGM_FI_DEV_POWER_USAGE"):
         assert series in text
 
 

@@ -21,6 +21,7 @@ from gpusizer.api.annotations import (
     RESHAPE_ANNOTATION,
     HeldRecord,
     Placement,
+    Prediction,
     ReshapeRecord,
     ReshapeState,
     held_key,
@@ -33,7 +34,7 @@ from gpusizer.reconcile import reconcile
 from gpusizer.report.turn import Outcome
 from gpusizer.signals.autoscalers import owners_by_target
 from gpusizer.signals.discovery import NodeInfo
-from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.signals.parse import LabelledValue, PodSamples, Problem, Sample
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
 from gpusizer.signals.snapshot import Snapshot
@@ -128,6 +129,7 @@ class Turn:
     autoscaler_error: str | None = None
     fail: dict[str, TargetProblem] = field(default_factory=dict)
     history: dict[str, PodSamples] = field(default_factory=dict)  # right-sizing's window
+    instances: dict[str, list[LabelledValue]] = field(default_factory=dict)  # its MIG series
     scalars: dict[str, float] = field(default_factory=dict)  # wake queries' answers
     watched: bool = False  # the target comes from the watch, not a read
     routes: FakeRoutes = field(default_factory=FakeRoutes)  # the activator's routes
@@ -136,7 +138,9 @@ class Turn:
     async def run(self) -> tuple[Outcome, FakeTargets, FakeMetrics, Memory]:
         stored = {(NS, "chat"): self.target} if self.target is not None else {}
         targets = FakeTargets(stored, fail=self.fail)
-        metrics = FakeMetrics(answers=dict(self.history), scalars=dict(self.scalars))
+        metrics = FakeMetrics(
+            answers=dict(self.history), scalars=dict(self.scalars), series=dict(self.instances)
+        )
         cluster = ClusterView(
             {NS: self.pods},
             {NODE.name: NODE},
@@ -153,7 +157,7 @@ class Turn:
             workload(self.spec, self.status, self.annotations),
             cluster,
             cycle,
-            services(metrics, targets, routes=self.routes),
+            services(metrics, targets, routes=self.routes, now=NOW),
             memory,
             NOW,
         )
@@ -772,3 +776,107 @@ async def test_turning_the_activator_off_takes_the_route_out_and_clears_the_stat
     outcome, _, _, _ = await turn.run()
     assert turn.routes.writes == [(NS, "chat", None)]
     assert outcome.status_patch["activator"] is None
+
+
+# --- what a result costs, and throughput learned ------------------------------------------
+
+
+def each(value: float, *names: str) -> PodSamples:
+    return PodSamples({(NS, name): Sample(value, 0) for name in names})
+
+
+# two whole H100s over the default hour, each at 10 % serving 1 req/s (100 tokens each) at 133 W
+SERVING = {
+    **QUIET_HISTORY,
+    "requests": each(3600, "chat-0", "chat-1"),
+    "output_tokens": each(360_000, "chat-0", "chat-1"),
+    "prompt_tokens": each(720_000, "chat-0", "chat-1"),
+    "energy": each(133 * 3600 * 1000, "chat-0", "chat-1"),
+    "power": each(133, "chat-0", "chat-1"),
+}
+
+
+async def test_a_turn_reports_what_a_result_costs_measured_over_the_window() -> None:
+    outcome, _, _, _ = await Turn(history=SERVING, util=10.0).run()
+    found = outcome.status_patch["efficiency"]
+    # $6/h for 7,200 requests an hour; 266 W for 7,200 requests an hour
+    assert found["costPer1kRequests"] == pytest.approx(6.00 / 7.2, rel=1e-3)
+    assert found["kWhPer1kRequests"] == pytest.approx(0.266 / 7.2, rel=1e-3)
+    assert found["costPerMillionOutputTokens"] == pytest.approx(6.00 / 0.72, rel=1e-3)
+    assert (found["windowSeconds"], found["currency"], found["powerWatts"]) == (3600, "USD", 266)
+    assert found["unknown"] is None  # a merge patch's null: none is unknown
+    [learned] = outcome.status_patch["measuredThroughput"]
+    assert (learned["slice"], learned["requestsPerSecond"]) == ("gpu-h100", 10.0)
+
+
+async def test_a_missing_counter_is_said_and_its_figures_left_out() -> None:
+    no_tokens = {k: v for k, v in SERVING.items() if k != "output_tokens"}
+    outcome, _, _, _ = await Turn(history=no_tokens, util=10.0).run()
+    found = outcome.status_patch["efficiency"]
+    assert found["costPerMillionOutputTokens"] is None and found["costPer1kRequests"] > 0
+    assert found["unknown"].startswith("output tokens: no series for 2 of 2 pods")
+
+
+async def test_a_move_predicts_the_throughput_on_the_new_slice() -> None:
+    outcome, targets, _, _ = await oversized(history=SERVING).run()
+    [(_, _, change)] = targets.reshapes
+    record = ReshapeRecord.parse(change.annotations[RESHAPE_ANNOTATION])
+    assert record.prediction is not None
+    # 1,000 output tokens/s per busy H100, times the catalog's ratio for 3g.40gb
+    assert record.prediction.rate == pytest.approx(1000 * 0.47740, rel=1e-4)
+    assert (record.prediction.unit, record.prediction.basis) == ("outputTokens", "Estimated")
+    recommendation = outcome.status_patch["recommendation"]
+    assert recommendation["throughput"] == "Estimated"
+    assert (
+        recommendation["after"]["costPer1kRequests"]
+        < outcome.status_patch["efficiency"]["costPer1kRequests"]
+    )
+
+
+def moved_here(prediction: Prediction | None) -> TargetView:
+    record = WAITING_RECORD.model_copy(
+        update={"state": ReshapeState.DONE, "started": iso(NOW - 7200), "prediction": prediction}
+    )
+    return target(replicas=2, resource=NEW, annotations={RESHAPE_ANNOTATION: record.annotation()})
+
+
+# two 3g.40gb slices at 50 % serving 1 req/s each: 2 req/s per busy slice
+ON_3G = {
+    "peak_memory": each(20000, "chat-0", "chat-1"),
+    "mig_utilization": each(50, "chat-0", "chat-1"),
+    "requests": each(3600, "chat-0", "chat-1"),
+}
+
+
+@pytest.mark.parametrize(
+    ("label", "predicted", "events_out", "checked"),
+    [
+        ("30 % under the prediction", 2.86, [("Warning", "ThroughputMispredicted")], True),
+        ("within the tolerance", 2.1, [], True),
+        ("already checked", None, [], None),
+    ],
+)
+async def test_a_move_whose_outcome_misses_its_prediction_is_an_event(
+    label: str, predicted: float | None, events_out: list[tuple[str, str]], checked: bool | None
+) -> None:
+    prediction = Prediction(rate=predicted or 2.86, unit="requests", basis="Estimated")
+    if predicted is None:
+        prediction = prediction.model_copy(update={"checked": True})
+    turn = Turn(
+        spec=spec(rightSizing={"mode": "Recommend"}),
+        target=moved_here(prediction),
+        pods=[pod("chat-0", NEW), pod("chat-1", NEW)],
+        util=50.0,
+        history=ON_3G,
+    )
+    outcome, targets, _, _ = await turn.run()
+    assert [e for e in events(outcome) if e[1] == "ThroughputMispredicted"] == events_out
+    if checked is None:
+        assert targets.annotations == []
+        return
+    [(_, _, annotations)] = targets.annotations
+    record = ReshapeRecord.parse(annotations[RESHAPE_ANNOTATION])
+    assert record.prediction is not None and record.prediction.checked is checked
+    if events_out:
+        message = next(e.message for e in outcome.events if e.reason.value == events_out[0][1])
+        assert "2 req/s, 30% less than the 2.86 predicted (estimated throughput)" in message

@@ -95,6 +95,9 @@ def test_a_workloads_series_copy_keeps_every_field_and_shares_no_dict() -> None:
         scale_writes={"ok": 2},
         reconcile_errors=4,
         conditions={"Ready": ("True", "Decided")},
+        gauges={"gpusizer_held_gpus": 1.5},
+        accounted={"gpusizer_held_gpu_seconds": 3.0},
+        ledger={("gpusizer_ledger_cost", "24h", "used"): 1.0},
     )
     for name in metrics.WorkloadSeries.__dataclass_fields__:
         default = metrics.WorkloadSeries()
@@ -104,3 +107,31 @@ def test_a_workloads_series_copy_keeps_every_field_and_shares_no_dict() -> None:
     assert copied.decisions is not original.decisions
     assert copied.scale_writes is not original.scale_writes
     assert copied.conditions is not original.conditions
+    assert copied.gauges is not original.gauges
+    assert copied.accounted is not original.accounted
+    assert copied.ledger is not original.ledger
+
+
+def test_what_a_result_costs_what_the_pods_held_and_the_ledger() -> None:
+    metrics.WORKLOADS.gauges(
+        "ns", "eff-a", {"gpusizer_cost_per_1k_requests": 0.4, "gpusizer_held_gpus": 1.5}
+    )
+    metrics.WORKLOADS.account("ns", "eff-a", {"gpusizer_held_gpu_seconds": 3.0})
+    metrics.WORKLOADS.account("ns", "eff-a", {"gpusizer_held_gpu_seconds": 2.0})
+    metrics.WORKLOADS.account("ns", "eff-a", {"gpusizer_held_gpu_seconds": -1.0})  # never down
+    metrics.WORKLOADS.ledger("ns", "eff-a", {("gpusizer_ledger_cost", "24h", "used"): 1.0})
+    assert scraped("eff-a") == {
+        ("gpusizer_cost_per_1k_requests", ()): 0.4,
+        ("gpusizer_held_gpus", ()): 1.5,
+        ("gpusizer_held_gpu_seconds_total", ()): 5.0,
+        ("gpusizer_ledger_cost", (("basis", "used"), ("window", "24h"))): 1.0,
+    }
+    # an unknown figure is no series, not a zero; a new ledger replaces the old one
+    metrics.WORKLOADS.gauges("ns", "eff-a", {"gpusizer_cost_per_1k_requests": None})
+    metrics.WORKLOADS.ledger("ns", "eff-a", {})
+    assert scraped("eff-a") == {
+        ("gpusizer_held_gpus", ()): 1.5,
+        ("gpusizer_held_gpu_seconds_total", ()): 5.0,
+    }
+    metrics.WORKLOADS.forget("ns", "eff-a")
+    assert scraped("eff-a") == {}

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import pytest
-from gpusizer.signals.parse import Sample, per_pod, scalar
+from gpusizer.signals.parse import Sample, labelled_values, per_pod, scalar
 from gpusizer.signals.queries import TIMESTAMP_LABEL, pod_query
 from gpusizer.vocabulary import Reason
 from hypothesis import given
@@ -145,3 +145,28 @@ def test_huge_values_that_overflow_when_combined_are_a_problem() -> None:
     parsed = per_pod(result, combine="sum", now=NOW)
     assert ("llm", "p") not in parsed.samples
     assert parsed.problems[("llm", "p")].reason == Reason.INVALID_VALUE
+
+
+@given(json_values)
+def test_labelled_values_never_crash_and_keep_only_finite_text_labelled_series(
+    result: Any,
+) -> None:
+    found, dropped = labelled_values(result)
+    assert all(math.isfinite(v.value) for v in found)
+    assert all(isinstance(k, str) for v in found for k in v.labels.values())
+    assert dropped >= 0
+
+
+def test_labelled_values_count_what_they_leave_out() -> None:
+    good = {"metric": {"UUID": "GPU-1", "GPU_I_ID": "4"}, "value": [NOW, "205.5"]}
+    result = [
+        good,
+        {"metric": {"UUID": "GPU-1"}, "value": [NOW, "NaN"]},
+        {"metric": {"UUID": 7}, "value": [NOW, "1"]},
+        {"metric": {"UUID": "GPU-2"}},
+        "garbage",
+    ]
+    found, dropped = labelled_values(result)
+    assert [(v.labels, v.value) for v in found] == [({"UUID": "GPU-1", "GPU_I_ID": "4"}, 205.5)]
+    assert dropped == 4
+    assert labelled_values({"not": "a list"}) == ([], 0)

@@ -59,6 +59,16 @@ class ReshapeState(StrEnum):
     ROLLED_BACK = "RolledBack"
 
 
+class Prediction(Record):
+    """What a fully busy replica should serve on the new slice, and whether the outcome was
+    checked against it once measured there."""
+
+    rate: float = Field(gt=0)
+    unit: str
+    basis: str  # Measured or Estimated: the ratio of the slices' throughputs it rests on
+    checked: bool = False
+
+
 class ReshapeRecord(Record):
     """A slice change: started, then Done or RolledBack."""
 
@@ -70,6 +80,7 @@ class ReshapeRecord(Record):
     started: str = Field(description="RFC 3339 time the change was written")
     deadline_seconds: float = Field(alias="deadlineSeconds", gt=0)
     message: str = ""
+    prediction: Prediction | None = None
 
     def moved_message(self) -> str:
         return f"now on {self.to.slice} ({self.to.product}): {self.message}"

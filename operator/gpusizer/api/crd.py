@@ -35,6 +35,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "GPU%", "type": "number", "jsonPath": ".status.observation.gpuUtilization"},
     {"name": "Queue", "type": "number", "jsonPath": ".status.observation.queuePerReplica"},
     {"name": "Slice", "type": "string", "jsonPath": ".status.recommendation.slice"},
+    {"name": "Cost/1kReq", "type": "number", "jsonPath": ".status.efficiency.costPer1kRequests"},
     {
         "name": "Ready",
         "type": "string",

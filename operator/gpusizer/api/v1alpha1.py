@@ -455,6 +455,88 @@ class Recommendation(_Model):
         None, alias="currentCostPerHour", description="Cost per hour now."
     )
     reason: str | None = Field(None, description="What the recommendation is based on.")
+    throughput: str | None = Field(
+        None,
+        description="Measured when the throughput of the recommended slice against the current "
+        "one was measured on this workload (or one with the same image, command and "
+        "arguments); Estimated when it comes from the GPU catalog.",
+    )
+    after: ResultCosts | None = Field(
+        None,
+        description="Estimated cost and energy per result on the recommended slice, for the "
+        "requests measured now.",
+    )
+
+
+class ResultCosts(_Model):
+    """What a result costs, in the GPU catalog's currency and kWh."""
+
+    cost_per_1k_requests: float | None = Field(
+        None, alias="costPer1kRequests", description="Cost per 1,000 requests served."
+    )
+    cost_per_million_output_tokens: float | None = Field(
+        None,
+        alias="costPerMillionOutputTokens",
+        description="Cost per million output (generated) tokens.",
+    )
+    kwh_per_1k_requests: float | None = Field(
+        None, alias="kWhPer1kRequests", description="GPU energy per 1,000 requests, kWh."
+    )
+    kwh_per_million_output_tokens: float | None = Field(
+        None,
+        alias="kWhPerMillionOutputTokens",
+        description="GPU energy per million output tokens, kWh.",
+    )
+    output_tokens_per_second_per_cost_per_hour: float | None = Field(
+        None,
+        alias="outputTokensPerSecondPerCostPerHour",
+        description="Output tokens per second for each unit of cost per hour.",
+    )
+
+
+class Efficiency(ResultCosts):
+    """Measured over the right-sizing window, on the pods serving now: each figure is
+    measured or absent, never estimated."""
+
+    window_seconds: int | None = Field(
+        None, alias="windowSeconds", description="The window measured (rightSizing.historySeconds)."
+    )
+    requests: float | None = Field(None, description="Requests served in the window.")
+    output_tokens: float | None = Field(
+        None, alias="outputTokens", description="Output tokens generated in the window."
+    )
+    power_watts: float | None = Field(
+        None,
+        alias="powerWatts",
+        description="Mean GPU power of the serving pods, W: a MIG slice's share of its GPU's.",
+    )
+    currency: str | None = Field(None, description="Currency of the costs (the GPU catalog's).")
+    unknown: str | None = Field(
+        None, description="Why a figure is absent: the series or counter that was missing."
+    )
+    time: str | None = Field(None, description="When the window ended.")
+
+
+class SliceThroughput(_Model):
+    """What one fully busy replica served on a slice, as measured."""
+
+    slice: str = Field(description="The slice, e.g. mig-3g.40gb.")
+    product: str = Field(description="The GPU product key in the catalog, e.g. h100-80gb.")
+    fingerprint: str = Field(
+        description="Hash of the GPU container's image, command and arguments: workloads with "
+        "the same one share their measurements."
+    )
+    requests_per_second: float = Field(
+        alias="requestsPerSecond", ge=0, description="Requests per second per busy replica."
+    )
+    output_tokens_per_second: float | None = Field(
+        None,
+        alias="outputTokensPerSecond",
+        ge=0,
+        description="Output tokens per second per busy replica, when the server counts them.",
+    )
+    utilization: float = Field(ge=0, le=100, description="Mean utilisation it was measured at.")
+    time: str = Field(description="When it was measured.")
 
 
 class Condition(_Model):
@@ -603,6 +685,16 @@ class WorkloadSizingStatus(_Model):
         "once a minute while it is active (less often past 600 workloads: see status writes).",
     )
     recommendation: Recommendation | None = Field(None, description="Right-sizing advice.")
+    efficiency: Efficiency | None = Field(
+        None, description="What a result costs, measured over the right-sizing window."
+    )
+    measured_throughput: list[SliceThroughput] = Field(
+        default_factory=list,
+        alias="measuredThroughput",
+        max_length=16,
+        description="Throughput measured on each slice the workload has run on; it replaces the "
+        "catalog's estimate for a pair of slices both measured.",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Current state.")
     recommendations: list[RecommendationSample] = Field(
         default_factory=list,

@@ -1,14 +1,16 @@
 """The slice policy: which MIG profile or GPU a workload should run on, and how many of them.
 
 Pure. Demand is measured in "busy current-slice replicas" (replicas x mean utilisation), moved
-to another slice by the ratio of relative throughputs, and sized at the utilisation target;
-the cheapest slice that fits the memory need, is allowed, and exists with free room wins.
+to another slice by the ratio of their throughputs, and sized at the utilisation target; the
+cheapest slice that fits the memory need, is allowed, and exists with free room wins. The
+ratio is the measured one when the workload's throughput was measured on both slices
+(`gpusizer.throughput`), else the catalog's estimate.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpusizer.api.v1alpha1 import RightSizingSpec
@@ -39,6 +41,10 @@ class Usage:
     coverage: float  # 0..1: how much of historySeconds the measurement covers
 
 
+Measured = Mapping[tuple[str, str], float]
+"""Throughput per fully busy replica by slice key, in one unit, where it was measured."""
+
+
 @dataclass(frozen=True)
 class Candidate:
     slice: Slice
@@ -47,6 +53,8 @@ class Candidate:
     fits: bool
     allowed: bool
     free: int
+    measured: bool = False  # its throughput against the current slice's was measured
+    speed: float = 1.0  # how much faster it serves than the current slice
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,14 @@ def is_allowed(slice_: Slice, allowed: Sequence[str]) -> bool:
     return not allowed or slice_.name in allowed or f"{slice_.name}@{slice_.product.key}" in allowed
 
 
+def speed_ratio(current: Slice, other: Slice, measured: Measured) -> tuple[float, bool]:
+    """How much faster `other` serves than `current`, and whether both were measured."""
+    mine, theirs = measured.get(current.key), measured.get(other.key)
+    if mine and theirs:
+        return theirs / mine, True
+    return other.relative_throughput / current.relative_throughput, False
+
+
 def candidates(
     current: Slice,
     usage: Usage,
@@ -85,6 +101,7 @@ def candidates(
     spec: RightSizingSpec,
     target_utilization: float,
     min_replicas: int,
+    measured: Measured | None = None,
 ) -> list[Candidate]:
     """Every slice the cluster offers, costed for the measured demand."""
     need = memory_need(current, usage, spec.memory_headroom_percent)
@@ -92,10 +109,11 @@ def candidates(
     out = []
     for offer in offers:
         s = offer.slice
+        ratio, was_measured = speed_ratio(current, s, measured or {})
         if units is None:
             replicas = max(1, min_replicas, usage.replicas)
         else:
-            scaled = units * current.relative_throughput / s.relative_throughput
+            scaled = units / ratio
             replicas = max(1, min_replicas, math.ceil(scaled / (target_utilization / 100) - 1e-9))
         free = offer.free + (usage.replicas if s == current else 0)
         out.append(
@@ -106,6 +124,8 @@ def candidates(
                 fits=need is not None and s.memory_mib >= need,
                 allowed=is_allowed(s, spec.allowed_slices),
                 free=free,
+                measured=was_measured,
+                speed=ratio,
             )
         )
     return sorted(out, key=lambda c: (c.cost_per_hour, c.replicas, c.slice != current))
@@ -122,16 +142,18 @@ def choose_slice(
     now: float,
     last_reshape_time: float | None = None,
     min_interval_seconds: float = 0.0,
+    measured: Measured | None = None,
 ) -> SliceChoice:
     """The slice to recommend, and whether Auto may move there now: not within
-    `min_interval_seconds` of the last reshape (`last_reshape_time`, None for never)."""
+    `min_interval_seconds` of the last reshape (`last_reshape_time`, None for never).
+    `measured`: the throughput measured on each slice (`gpusizer.throughput`)."""
     current_cost = usage.replicas * current.price_per_hour
     need = memory_need(current, usage, spec.memory_headroom_percent)
     if need is None:
         return SliceChoice(
             None, current_cost, False, Reason.NO_MEASUREMENT, "no GPU memory samples yet"
         )
-    options = candidates(current, usage, offers, spec, target_utilization, min_replicas)
+    options = candidates(current, usage, offers, spec, target_utilization, min_replicas, measured)
     eligible = [c for c in options if c.fits and c.allowed]
     if not eligible:
         return SliceChoice(
@@ -150,7 +172,7 @@ def choose_slice(
     def saving(c: Candidate) -> float:
         return 1 - c.cost_per_hour / baseline if baseline else 1.0
 
-    basis = _basis(usage, need)
+    basis = _basis(usage, need, measured or {})
     best = placeable[0] if placeable else None
     if (
         (best is None or best.slice == current)
@@ -209,10 +231,15 @@ def choose_slice(
 
 
 def _describe(c: Candidate) -> str:
-    return f"{c.replicas} x {c.slice.name} on {c.slice.product.key} (${c.cost_per_hour:.2f}/h)"
+    """Says whether its replica count rests on throughput measured on both slices."""
+    basis = "measured" if c.measured else "estimated from the catalog"
+    return (
+        f"{c.replicas} x {c.slice.name} on {c.slice.product.key} (${c.cost_per_hour:.2f}/h, "
+        f"throughput {basis})"
+    )
 
 
-def _basis(usage: Usage, need: float) -> str:
+def _basis(usage: Usage, need: float, measured: Measured) -> str:
     parts = [f"memory need {need:.0f} MiB"]
     if usage.peak_memory_mib is not None:
         parts.append(f"peak {usage.peak_memory_mib:.0f} MiB")
@@ -222,4 +249,10 @@ def _basis(usage: Usage, need: float) -> str:
         parts.append(f"{usage.served_rps:.2f} req/s served")
     if usage.oom_kills:
         parts.append(f"{usage.oom_kills} OOM restart(s)")
-    return "Based on " + ", ".join(parts) + "."
+    slices = ", ".join(sorted(f"{name}@{product}" for name, product in measured))
+    throughput = (
+        f"throughput measured on {slices}, estimated from the catalog elsewhere"
+        if len(measured) > 1
+        else "throughput estimated from the catalog"
+    )
+    return "Based on " + ", ".join([*parts, throughput]) + "."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Histogram
@@ -11,6 +11,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpusizer.api.v1alpha1 import Condition
+from gpusizer.signals.queries import (
+    ENERGY_JOULES,
+    HELD_COST,
+    HELD_COST_PER_HOUR,
+    HELD_GPU_SECONDS,
+    HELD_GPUS,
+    HELD_IDLE_JOULES,
+    HELD_IDLE_WATTS,
+    TRACKED_SECONDS,
+)
 
 QUERY_SECONDS = Histogram(
     "gpusizer_prometheus_query_duration_seconds",
@@ -74,6 +84,9 @@ class WorkloadSeries:
     scale_writes: dict[str, int] = field(default_factory=dict)  # by result
     reconcile_errors: int = 0
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type: status, reason
+    gauges: dict[str, float] = field(default_factory=dict)  # EFFICIENCY_GAUGES, HELD_GAUGES
+    accounted: dict[str, float] = field(default_factory=dict)  # HELD_COUNTERS
+    ledger: dict[tuple[str, str, str], float] = field(default_factory=dict)  # see `ledger`
 
     def copy(self) -> WorkloadSeries:
         """The scalars as they are, the dicts copied: a scrape reads them outside the lock.
@@ -87,7 +100,49 @@ class WorkloadSeries:
             scale_writes=dict(self.scale_writes),
             reconcile_errors=self.reconcile_errors,
             conditions=dict(self.conditions),
+            gauges=dict(self.gauges),
+            accounted=dict(self.accounted),
+            ledger=dict(self.ledger),
         )
+
+
+# What a result costs, measured over the right-sizing window (status.efficiency).
+EFFICIENCY_GAUGES: dict[str, str] = {
+    "gpusizer_cost_per_1k_requests": "Cost per 1,000 requests, in the GPU catalog's currency, "
+    "measured over the right-sizing window.",
+    "gpusizer_cost_per_million_output_tokens": "Cost per million output tokens, measured over "
+    "the right-sizing window.",
+    "gpusizer_kwh_per_1k_requests": "GPU energy per 1,000 requests, kWh, measured over the "
+    "right-sizing window.",
+    "gpusizer_kwh_per_million_output_tokens": "GPU energy per million output tokens, kWh, "
+    "measured over the right-sizing window.",
+    "gpusizer_output_tokens_per_second_per_cost_per_hour": "Output tokens per second for each "
+    "unit of cost per hour, measured over the right-sizing window.",
+    "gpusizer_power_watts": "Mean GPU power of the serving pods over the right-sizing window, "
+    "W (a MIG slice's share of its GPU's).",
+}
+# What the workload's pods hold now (the savings ledger's peak).
+HELD_GAUGES: dict[str, str] = {
+    HELD_GPUS: "GPUs the workload's pods hold now; a MIG slice counts as its share of its GPU.",
+    HELD_COST_PER_HOUR: "Cost per hour of what the workload's pods hold now.",
+    HELD_IDLE_WATTS: "Idle power of what the workload's pods hold now, W (the catalog's).",
+}
+# What the workload's pods held, counted at each turn (the savings ledger's use).
+HELD_COUNTERS: dict[str, str] = {
+    HELD_GPU_SECONDS: "GPU-seconds the workload's pods held (a MIG slice as its share).",
+    HELD_COST: "Cost of what the workload's pods held, in the GPU catalog's currency.",
+    HELD_IDLE_JOULES: "Idle energy of what the workload's pods held, J (the catalog's power).",
+    ENERGY_JOULES: "GPU energy of the workload's serving pods, J: the draw measured over the "
+    "right-sizing window, for the time they held their GPUs.",
+    TRACKED_SECONDS: "Seconds the operator followed the workload.",
+}
+# The savings ledger: used against static provisioning for the observed peak.
+LEDGER_GAUGES: dict[str, str] = {
+    "gpusizer_ledger_gpu_hours": "GPU-hours over the window, by basis: used, or static "
+    "(the observed peak held throughout).",
+    "gpusizer_ledger_cost": "Cost over the window, by basis: used, or static.",
+    "gpusizer_ledger_kwh": "GPU energy over the window, kWh, by basis: used, or static.",
+}
 
 
 class WorkloadCollector(Collector):
@@ -124,6 +179,30 @@ class WorkloadCollector(Collector):
             for condition in conditions:
                 shown[condition.type] = (condition.status, condition.reason)
 
+    def gauges(self, namespace: str, name: str, values: Mapping[str, float | None]) -> None:
+        """Set EFFICIENCY_GAUGES and HELD_GAUGES; None drops the series (unknown)."""
+        with self._lock:
+            shown = self._of(namespace, name).gauges
+            for key, value in values.items():
+                if value is None:
+                    shown.pop(key, None)
+                else:
+                    shown[key] = value
+
+    def account(self, namespace: str, name: str, increments: Mapping[str, float]) -> None:
+        """Add to HELD_COUNTERS."""
+        with self._lock:
+            counted = self._of(namespace, name).accounted
+            for key, value in increments.items():
+                counted[key] = counted.get(key, 0.0) + max(0.0, value)
+
+    def ledger(
+        self, namespace: str, name: str, values: Mapping[tuple[str, str, str], float]
+    ) -> None:
+        """The workload's ledger: (LEDGER_GAUGES name, window, basis) -> value, all at once."""
+        with self._lock:
+            self._of(namespace, name).ledger = dict(values)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted workload, counters too: dashboards show no ghosts and
         an operator with churn does not keep what it no longer sizes."""
@@ -137,7 +216,13 @@ class WorkloadCollector(Collector):
         return series
 
     def describe(self) -> Iterable[Metric]:
-        return self._families()
+        yield from self._families()
+        for name, doc in _GAUGE_HELP.items():
+            yield GaugeMetricFamily(name, doc, labels=self.LABELS)
+        for name, doc in HELD_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, labels=self.LABELS)
+        for name, doc in LEDGER_GAUGES.items():
+            yield GaugeMetricFamily(name, doc, labels=[*self.LABELS, "window", "basis"])
 
     def collect(self) -> Iterable[Metric]:
         # copied under the lock, built outside it: building the families of thousands of
@@ -159,7 +244,36 @@ class WorkloadCollector(Collector):
                 errors.add_metric(labels, series.reconcile_errors)
             for type_, (status, reason) in series.conditions.items():
                 conditions.add_metric([*labels, type_, status, reason], 1)
-        return iter((decisions, desired, current, known, writes, errors, conditions))
+        gauges = {n: GaugeMetricFamily(n, h, labels=self.LABELS) for n, h in _GAUGE_HELP.items()}
+        counters = {
+            n: CounterMetricFamily(n, h, labels=self.LABELS) for n, h in HELD_COUNTERS.items()
+        }
+        ledger = {
+            n: GaugeMetricFamily(n, h, labels=[*self.LABELS, "window", "basis"])
+            for n, h in LEDGER_GAUGES.items()
+        }
+        for key, series in copies:
+            labels = list(key)
+            for family, value in series.gauges.items():
+                gauges[family].add_metric(labels, value)
+            for family, value in series.accounted.items():
+                counters[family].add_metric(labels, value)
+            for (family, window, basis), value in series.ledger.items():
+                ledger[family].add_metric([*labels, window, basis], value)
+        return iter(
+            (
+                decisions,
+                desired,
+                current,
+                known,
+                writes,
+                errors,
+                conditions,
+                *gauges.values(),
+                *counters.values(),
+                *ledger.values(),
+            )
+        )
 
     def _families(
         self,
@@ -207,6 +321,8 @@ class WorkloadCollector(Collector):
             ),
         )
 
+
+_GAUGE_HELP = {**EFFICIENCY_GAUGES, **HELD_GAUGES}
 
 WORKLOADS = WorkloadCollector()
 REGISTRY.register(WORKLOADS)

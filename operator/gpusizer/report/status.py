@@ -145,7 +145,10 @@ def flipped(
     return True
 
 
-_VOLATILE = frozenset({"observation", "lastActiveTime", "learned"})
+# efficiency and measuredThroughput move with every read of the right-sizing window
+_VOLATILE = frozenset(
+    {"observation", "lastActiveTime", "learned", "efficiency", "measuredThroughput"}
+)
 
 
 STATUS_REFRESHES_PER_SECOND = 10.0

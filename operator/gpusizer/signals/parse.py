@@ -163,6 +163,36 @@ def scalar(result: Any) -> tuple[float | None, Problem | None]:
     return number, None
 
 
+@dataclass(frozen=True, slots=True)
+class LabelledValue:
+    """One series of a result whose labels matter beyond its pod (a MIG instance's GPU, a
+    workload's name)."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+def labelled_values(result: Any) -> tuple[list[LabelledValue], int]:
+    """Every series of an instant vector with a finite value, and how many were dropped (not
+    the documented shape, a label that is not text, a value that is not a finite number)."""
+    found: list[LabelledValue] = []
+    dropped = 0
+    for item in result if isinstance(result, list) else ():
+        labels = item.get("metric") if isinstance(item, dict) else None
+        point = item.get("value") if isinstance(item, dict) else None
+        number = parse_number(point[1]) if isinstance(point, list) and len(point) == 2 else None
+        if (
+            not isinstance(labels, dict)
+            or not all(isinstance(v, str) for v in labels.values())
+            or number is None
+            or not math.isfinite(number)
+        ):
+            dropped += 1
+            continue
+        found.append(LabelledValue(labels, number))
+    return found, dropped
+
+
 def pods_missing(expected: Iterable[PodKey], samples: PodSamples) -> list[PodKey]:
     return [key for key in expected if key not in samples.samples]
 

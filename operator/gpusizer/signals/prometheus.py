@@ -21,7 +21,14 @@ from urllib3.util.retry import Retry
 
 from gpusizer.report import metrics
 from gpusizer.settings import PrometheusSettings
-from gpusizer.signals.parse import PodSamples, Problem, per_pod, scalar
+from gpusizer.signals.parse import (
+    LabelledValue,
+    PodSamples,
+    Problem,
+    labelled_values,
+    per_pod,
+    scalar,
+)
 from gpusizer.signals.queries import PodQuery
 from gpusizer.vocabulary import Reason
 
@@ -144,6 +151,21 @@ class PrometheusSource:
             else:
                 samples[name] = outcome
         return samples, errors
+
+    async def series_batch(
+        self, wanted: Mapping[str, str]
+    ) -> tuple[dict[str, list[LabelledValue]], dict[str, Problem]]:
+        results = await asyncio.gather(*(self.query(q, n) for n, q in wanted.items()))
+        found: dict[str, list[LabelledValue]] = {}
+        errors: dict[str, Problem] = {}
+        for name, (result, problem) in zip(wanted, results, strict=True):
+            if problem is not None:
+                errors[name] = problem
+                continue
+            found[name], dropped = labelled_values(result)
+            if dropped:
+                log.warning("%s: %d series without a finite value were left out", name, dropped)
+        return found, errors
 
     async def scalar(self, promql: str) -> tuple[float | None, Problem | None]:
         result, problem = await self.query(promql, "wake")

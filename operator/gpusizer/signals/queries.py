@@ -43,16 +43,53 @@ QUEUE_SERIES: dict[Server, str] = {
     Server.SGLANG: "sglang:num_queue_reqs",
 }
 
-# what right-sizing counts as served requests, per server
-SERVED_COUNTERS: dict[Server, str] = {
-    Server.VLLM: "vllm:request_success_total",
-    Server.TRITON: "nv_inference_request_success",
+# What each inference server counts, as counters: requests served, output tokens and prompt
+# tokens (None: it exports none). A pod runs one server, so each is read for every server at
+# once, and whichever a pod exports is its count.
+REQUESTS = "requests"
+OUTPUT_TOKENS = "output_tokens"
+PROMPT_TOKENS = "prompt_tokens"
+SERVER_COUNTERS: dict[str, dict[Server, str | None]] = {
+    REQUESTS: {
+        Server.VLLM: "vllm:request_success_total",
+        Server.TRITON: "nv_inference_request_success",
+        Server.TGI: "tgi_request_success",
+        Server.SGLANG: "sglang:num_requests_total",
+    },
+    OUTPUT_TOKENS: {
+        Server.VLLM: "vllm:generation_tokens_total",
+        Server.TRITON: None,
+        Server.TGI: "tgi_request_generated_tokens_sum",
+        Server.SGLANG: "sglang:generation_tokens_total",
+    },
+    PROMPT_TOKENS: {
+        Server.VLLM: "vllm:prompt_tokens_total",
+        Server.TRITON: None,
+        Server.TGI: "tgi_request_input_length_sum",
+        Server.SGLANG: "sglang:prompt_tokens_total",
+    },
 }
+
+# the servers whose served-request rate the replica policy reads at every full read
+SERVED_COUNTERS: dict[Server, str] = {
+    server: counter
+    for server, counter in SERVER_COUNTERS[REQUESTS].items()
+    if server in (Server.VLLM, Server.TRITON) and counter is not None
+}
+
+# Whole GPUs: a pod's own energy and power. On a MIG instance both are the parent GPU's,
+# repeated on every instance, so they are read per instance (`instance_queries`) and split.
+ENERGY = "energy"  # mJ over the window
+POWER = "power"  # W, mean over the window
+WHOLE_GPU = 'GPU_I_ID=""'
+MIG_INSTANCE = 'GPU_I_ID!=""'
 
 TIMESTAMP_LABEL = "gpusizer_sample_ts"
 """Marks the timestamp() half of a combined query (see `pod_query`)."""
 
 POD_LABELS = "namespace, pod, exported_namespace, exported_pod"
+# a MIG instance as dcgm-exporter labels it: its GPU, its place and profile, and its pod if any
+INSTANCE_LABELS = f"UUID, GPU_I_ID, GPU_I_PROFILE, modelName, {POD_LABELS}"
 _AGGREGATIONS = {"mean": "avg", "max": "max", "sum": "sum"}
 
 # a reading moved when it changed by more than this share of the larger value (and of at least 1)
@@ -163,6 +200,63 @@ def history_queries(window_seconds: int) -> dict[str, PodQuery]:
             "mean",
         ),
     }
-    for server, counter in SERVED_COUNTERS.items():
-        queries[f"served:{server.value}"] = PodQuery(f"sum {by} (rate({counter}{w}))", 1.0, "sum")
+    for signal, counters in SERVER_COUNTERS.items():
+        increases = " or ".join(f"increase({c}{w})" for c in counters.values() if c is not None)
+        queries[signal] = PodQuery(f"sum {by} ({increases})", 1.0, "sum")
+    queries[ENERGY] = PodQuery(
+        f"sum {by} (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{WHOLE_GPU}}}{w}))", 1.0, "sum"
+    )
+    queries[POWER] = PodQuery(
+        f"sum {by} (avg_over_time(DCGM_FI_DEV_POWER_USAGE{{{WHOLE_GPU}}}{w}))", 1.0, "sum"
+    )
     return queries
+
+
+def instance_queries(window_seconds: int) -> dict[str, str]:
+    """Each MIG instance's share of what its parent GPU did over a window: the GPU's energy and
+    mean power (the same on every instance of a GPU), and the instance's own activity; every
+    instance, held or not, so that its GPU's energy can be split among all of them."""
+    w = f"[{window_seconds}s]"
+    by = f"by ({INSTANCE_LABELS})"
+    return {
+        ENERGY: f"sum {by} (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{MIG_INSTANCE}}}{w}))",
+        POWER: f"sum {by} (avg_over_time(DCGM_FI_DEV_POWER_USAGE{{{MIG_INSTANCE}}}{w}))",
+        "active": f"sum {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{MIG_INSTANCE}}}{w}))",
+    }
+
+
+# The operator's own series the savings ledger is read from (`gpusizer.ledger`): counters of
+# what each workload's pods held (their names without the `_total` a scrape shows), and gauges
+# of what they hold now.
+HELD_GPU_SECONDS = "gpusizer_held_gpu_seconds"
+HELD_COST = "gpusizer_held_cost"
+HELD_IDLE_JOULES = "gpusizer_held_idle_joules"
+ENERGY_JOULES = "gpusizer_energy_joules"
+TRACKED_SECONDS = "gpusizer_tracked_seconds"
+HELD_GPUS = "gpusizer_held_gpus"
+HELD_COST_PER_HOUR = "gpusizer_held_cost_per_hour"
+HELD_IDLE_WATTS = "gpusizer_held_idle_power_watts"
+
+
+def ledger_queries(window_seconds: int) -> dict[str, str]:
+    """Each workload's ledger over a window, from the operator's own series: what it used, and
+    what holding its peak for as long as it was followed would have (`ledger.ledger_rows`).
+    Summed over the operator's replicas and restarts, each of which is a series of its own."""
+    w = f"[{window_seconds}s]"
+    by = "by (namespace, name)"
+
+    def used(counter: str) -> str:
+        return f"sum {by} (increase({counter}_total{w}))"
+
+    def peak(gauge: str) -> str:
+        return f"max {by} (max_over_time({gauge}{w}))"
+
+    followed = used(TRACKED_SECONDS)
+    return {
+        "gpu_seconds_used": used(HELD_GPU_SECONDS),
+        "gpu_seconds_static": f"{peak(HELD_GPUS)} * {followed}",
+        "cost_used": used(HELD_COST),
+        "cost_static": f"{peak(HELD_COST_PER_HOUR)} * {followed} / 3600",
+        "joules_used": used(ENERGY_JOULES),
+        "idle_joules_extra": f"{peak(HELD_IDLE_WATTS)} * {followed} - {used(HELD_IDLE_JOULES)}",
+    }

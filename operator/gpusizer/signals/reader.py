@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpusizer.api.v1alpha1 import Server
+from gpusizer.ledger import WINDOWS, LedgerRow, ledger_rows
 from gpusizer.ports import MetricsSource
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
@@ -19,6 +20,8 @@ from gpusizer.signals.queries import (
     custom_queue_query,
     full_read_queries,
     history_queries,
+    instance_queries,
+    ledger_queries,
     moved_pod_query,
 )
 from gpusizer.signals.snapshot import Snapshot
@@ -125,16 +128,62 @@ class HistoryCache:
         source: MetricsSource,
         period_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._source = source
+        self._wall = wall  # when a window ends
         self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
             self._fetch, period_seconds, clock
         )
 
     async def _fetch(self, window: int) -> UsageHistory:
-        history = UsageHistory(window_seconds=window, time=time.time())
+        history = UsageHistory(window_seconds=window, time=self._wall())
         history.signals, history.errors = await self._source.per_pod_batch(history_queries(window))
+        history.instances, errors = await self._source.series_batch(instance_queries(window))
+        history.errors.update({f"mig_{name}": problem for name, problem in errors.items()})
         return history
 
     async def get(self, window: int) -> UsageHistory:
         return await self._cache.get(window)
+
+
+async def read_ledger(source: MetricsSource) -> tuple[list[LedgerRow], list[str]]:
+    """Every workload's savings ledger over each of `ledger.WINDOWS`, from the operator's own
+    series, and the queries that failed."""
+    wanted = {
+        f"{window}/{name}": promql
+        for window, seconds in WINDOWS.items()
+        for name, promql in ledger_queries(seconds).items()
+    }
+    found, errors = await source.series_batch(wanted)
+    rows = []
+    for window in WINDOWS:
+        prefix = f"{window}/"
+        mine = {k.removeprefix(prefix): v for k, v in found.items() if k.startswith(prefix)}
+        rows += ledger_rows(window, mine)
+    return rows, [f"{name}: {problem.message}" for name, problem in errors.items()]
+
+
+class LedgerCache:
+    """Every workload's ledger, read at most once per `period_seconds` for all of them."""
+
+    def __init__(
+        self,
+        source: MetricsSource,
+        period_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._cache: PeriodicCache[None, dict[tuple[str, str], list[LedgerRow]]] = PeriodicCache(
+            self._fetch, period_seconds, clock
+        )
+
+    async def _fetch(self, _: None) -> dict[tuple[str, str], list[LedgerRow]]:
+        rows, _problems = await read_ledger(self._source)
+        by_workload: dict[tuple[str, str], list[LedgerRow]] = {}
+        for row in rows:
+            by_workload.setdefault((row.namespace, row.name), []).append(row)
+        return by_workload
+
+    async def get(self) -> dict[tuple[str, str], list[LedgerRow]]:
+        return await self._cache.get(None)

@@ -8,26 +8,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpusizer.api.v1alpha1 import Server
 from gpusizer.policy.slices import Usage
-from gpusizer.signals.parse import PodSamples, Problem
+from gpusizer.signals.parse import LabelledValue, PodSamples, Problem
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.queries import SERVED_COUNTERS
+from gpusizer.signals.queries import REQUESTS
 
 
 @dataclass
 class UsageHistory:
-    """The window's range queries, per pod and signal (`HistoryCache`)."""
+    """The window's range queries, per pod and signal, and per MIG instance (`HistoryCache`)."""
 
     window_seconds: int
     time: float
     signals: dict[str, PodSamples] = field(default_factory=dict)
     errors: dict[str, Problem] = field(default_factory=dict)
+    instances: dict[str, list[LabelledValue]] = field(default_factory=dict)
 
 
-def usage(
-    history: UsageHistory, pods: Sequence[PodInfo], server: Server, now: float
-) -> tuple[Usage, list[str]]:
+def usage(history: UsageHistory, pods: Sequence[PodInfo], now: float) -> tuple[Usage, list[str]]:
     """A workload's use over the window, from its current pods; problems are listed, and a
     signal any pod lacks is left unknown rather than guessed."""
     problems = [f"{name}: {p.message}" for name, p in history.errors.items()]
@@ -68,7 +66,8 @@ def usage(
     utilization = None
     if ready and all(value is not None for value, n in parts if n):
         utilization = sum((value or 0.0) * n for value, n in parts) / len(ready)
-    served = combine(f"served:{server.value}", ready, "sum") if server in SERVED_COUNTERS else None
+    requests = combine(REQUESTS, ready, "sum")
+    served = None if requests is None else requests / history.window_seconds
     created = [p.created for p in running if p.created is not None]
     coverage = min(1.0, (now - min(created)) / history.window_seconds) if created else 0.0
     return (

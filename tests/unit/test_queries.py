@@ -1,0 +1,58 @@
+"""The PromQL the operator sends is valid (promtool parses each as a recording rule), and the
+right-sizing window reads what it says: increases of counters per pod, MIG series per instance."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.signals.queries import (
+    SERVER_COUNTERS,
+    full_read_queries,
+    history_queries,
+    instance_queries,
+    ledger_queries,
+)
+
+from tests.unit.test_docs import promtool
+
+
+def test_every_query_the_operator_sends_parses(tmp_path: Path) -> None:
+    queries = [q.promql for q in full_read_queries(Server).values()]
+    queries += [q.promql for q in history_queries(3600).values()]
+    queries += list(instance_queries(3600).values())
+    queries += list(ledger_queries(86400).values())
+    rules = {
+        "groups": [
+            {
+                "name": "operator",
+                "rules": [
+                    {"record": f"operator:query{i}", "expr": q} for i, q in enumerate(queries)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "operator-rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(path)], text=True, capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_servers_counters_are_read_and_increases_are_taken_before_summing() -> None:
+    history = history_queries(600)
+    for signal, counters in SERVER_COUNTERS.items():
+        promql = history[signal].promql
+        for counter in filter(None, counters.values()):
+            # increase() of each series, then the sum: a sum of counters has no resets to see
+            assert f"increase({counter}[600s])" in promql
+    assert 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{GPU_I_ID=""}' in history["energy"].promql
+
+
+def test_mig_energy_is_read_per_instance_never_summed_per_pod() -> None:
+    for promql in instance_queries(600).values():
+        assert promql.startswith("sum by (UUID, GPU_I_ID, GPU_I_PROFILE, modelName, namespace")
+        assert 'GPU_I_ID!=""' in promql
