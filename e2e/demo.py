@@ -3,21 +3,24 @@
 `make demo` runs this. It starts the cluster if needed (state in .cluster/), installs the CRD
 and RBAC from deploy/, runs the operator under the ServiceAccount those manifests bind, creates
 two inference Deployments with WorkloadSizings, drives their load through the emulator, and
-ends with what the operator did and what it saved against static peak provisioning.
+ends with what the operator did, what a result cost before and after right-sizing moved a
+workload, and the savings ledger checked against the emulator's own GPU-hour accounting.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpusizer.vocabulary import EventReason
 
-from e2e.tests.conftest import REPO, Cluster
+from e2e.tests.conftest import REPO, Cluster, wait_until
 from e2e.tests.operator_support import (
     Operator,
     Workloads,
@@ -27,23 +30,22 @@ from e2e.tests.operator_support import (
 
 STATE = REPO / ".cluster"
 NAMESPACE = "demo"
-PRICE_PER_GPU_HOUR = 3.00  # H100-80GB, from the catalog's default price table
+NAMES = ("chat", "code", "embed")
+LEDGER_TOLERANCE = 0.02  # the ledger must agree with the emulator's GPU-hours this closely
 
 
 @dataclass
-class Ledger:
-    """Replica-seconds each workload held, sampled as the story runs."""
+class PerResult:
+    """Each workload's measured cost per result on its first slice, the last seen."""
 
-    last: float = field(default_factory=time.time)
-    gpu_seconds: dict[str, float] = field(default_factory=dict)
-    peak: dict[str, int] = field(default_factory=dict)
+    before: dict[str, dict[str, Any]] = field(default_factory=dict)
+    first_slice: dict[str, str] = field(default_factory=dict)
 
-    def add(self, replicas: dict[str, int]) -> None:
-        now = time.time()
-        for name, n in replicas.items():
-            self.gpu_seconds[name] = self.gpu_seconds.get(name, 0.0) + n * (now - self.last)
-            self.peak[name] = max(self.peak.get(name, 0), n)
-        self.last = now
+    def note(self, name: str, slice_: str, status: dict[str, Any]) -> None:
+        self.first_slice.setdefault(name, slice_)
+        found = status.get("efficiency") or {}
+        if slice_ == self.first_slice[name] and found.get("costPer1kRequests") is not None:
+            self.before[name] = {**found, "slice": slice_}
 
 
 def start_cluster() -> Cluster:
@@ -52,9 +54,10 @@ def start_cluster() -> Cluster:
     return Cluster.from_state_dir(STATE)
 
 
-def workload_specs(namespace: str) -> dict[str, dict[str, object]]:
+def workload_specs(namespace: str) -> dict[str, dict[str, Any]]:
     wake_query = f'sum(gateway_pending_requests{{namespace="{namespace}",service="code"}})'
     scale_down = {"stabilizationWindowSeconds": 45, "maxReplicasPerStep": 4, "periodSeconds": 15}
+    right_sizing = {"historySeconds": 60, "minSavingsPercent": 15}
     return {
         "chat": {
             "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat"},
@@ -65,7 +68,7 @@ def workload_specs(namespace: str) -> dict[str, dict[str, object]]:
                 "targetQueuePerReplica": 4,
                 "scaleDown": scale_down,
             },
-            "rightSizing": {"mode": "Off"},
+            "rightSizing": {"mode": "Recommend", **right_sizing},
         },
         "code": {
             "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "code"},
@@ -75,97 +78,212 @@ def workload_specs(namespace: str) -> dict[str, dict[str, object]]:
                 "idleSeconds": 30,
                 "wakeQuery": wake_query,
             },
-            "rightSizing": {"mode": "Off"},
+            "rightSizing": {"mode": "Recommend", **right_sizing},
+        },
+        "embed": {
+            "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "embed"},
+            "replicas": {"min": 1, "max": 4, "targetGPUUtilization": 70, "scaleDown": scale_down},
+            "rightSizing": {"mode": "Recommend", **right_sizing},
         },
     }
 
 
-def show(workloads: Workloads, ledger: Ledger, phase: str, started: float) -> None:
-    replicas = {}
+def slice_of(workloads: Workloads, name: str) -> str:
+    limits = workloads.template(name)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    resource = next(iter(limits["limits"]))
+    return "gpu-h100" if resource == "nvidia.com/gpu" else resource.replace("nvidia.com/", "")
+
+
+def show(workloads: Workloads, seen: PerResult, phase: str, started: float) -> None:
     cells = []
-    for name in ("chat", "code"):
-        n = workloads.replicas(name)
-        replicas[name] = n
-        obs = workloads.status(name).get("observation") or {}
-        util = obs.get("gpuUtilization")
+    for name in NAMES:
+        status = workloads.status(name)
+        seen.note(name, slice_of(workloads, name), status)
+        util = (status.get("observation") or {}).get("gpuUtilization")
         util_text = "  -  " if util is None else f"{util:5.1f}"
-        cells.append(f"{name}: {n} replicas ({workloads.ready(name)} ready) GPU {util_text}%")
-    ledger.add(replicas)
-    print(f"[{time.time() - started:5.0f}s] {phase:<28} " + " | ".join(cells), flush=True)
+        cost = (status.get("efficiency") or {}).get("costPer1kRequests")
+        cells.append(
+            f"{name}: {workloads.replicas(name)} x {slice_of(workloads, name)} "
+            f"({workloads.ready(name)} ready) GPU {util_text}% "
+            f"${'-' if cost is None else f'{cost:.3f}'}/1k req"
+        )
+    print(f"[{time.time() - started:5.0f}s] {phase:<10} " + " | ".join(cells), flush=True)
 
 
 def run_phase(
-    workloads: Workloads, ledger: Ledger, phase: str, seconds: float, started: float
+    workloads: Workloads, seen: PerResult, phase: str, seconds: float, started: float
 ) -> None:
     end = time.time() + seconds
     while time.time() < end:
-        show(workloads, ledger, phase, started)
+        show(workloads, seen, phase, started)
         time.sleep(5)  # a display refresh, not a readiness wait
+
+
+def gpu_seconds(workloads: Workloads) -> dict[str, float]:
+    """The emulator's own count of what each workload's pods held (a slice as its share)."""
+    return {name: workloads.emulated(name)["accounting"]["gpuSeconds"] for name in NAMES}
+
+
+def figures(found: dict[str, Any]) -> str:
+    def shown(key: str, fmt: str) -> str:
+        value = found.get(key)
+        return "-" if value is None else format(value, fmt)
+
+    return (
+        f"${shown('costPer1kRequests', '.4f')} and {shown('kWhPer1kRequests', '.5f')} kWh "
+        f"per 1,000 requests, ${shown('costPerMillionOutputTokens', '.3f')} per million output "
+        "tokens"
+    )
+
+
+def print_per_result(workloads: Workloads, seen: PerResult) -> None:
+    print("\n== what 1,000 requests cost, before and after the recommendation")
+    for name in NAMES:
+        status = workloads.status(name)
+        before = seen.before.get(name)
+        now = status.get("efficiency") or {}
+        recommendation = status.get("recommendation") or {}
+        first = seen.first_slice.get(name, "?")
+        print(f"  {name}:")
+        if before is not None:
+            print(f"    before, on {first} (measured):   {figures(before)}")
+        current = slice_of(workloads, name)
+        if current != first:
+            print(f"    after, on {current} (measured): {figures(now)}")
+        elif recommendation.get("after") and recommendation.get("slice"):
+            basis = (recommendation.get("throughput") or "estimated").lower()
+            print(
+                f"    after moving to {recommendation['replicas']} x {recommendation['slice']} "
+                f"(estimated, throughput {basis}): {figures(recommendation['after'])}"
+            )
+        else:
+            print(f"    no move recommended: {recommendation.get('reason', '-')}")
+
+
+def check_ledger(cluster: Cluster, used: dict[str, float]) -> bool:
+    """The operator's ledger against the emulator's GPU-hours over the story."""
+    print("\n== the savings ledger (gpusizer recommend --ledger), against the emulator's count")
+    result = recommend(cluster, 300, "--ledger", "--format", "json", check=False, timeout=120)
+    try:
+        rows = json.loads(result.stdout)["ledger"]
+    except (ValueError, KeyError):
+        print(result.stdout or result.stderr)
+        return False
+    agree = True
+    for name in NAMES:
+        row = next(
+            (
+                r
+                for r in rows
+                if (r["namespace"], r["name"], r["window"]) == (NAMESPACE, name, "24h")
+            ),
+            None,
+        )
+        if row is None or not row["gpu_hours_used"]:
+            print(f"  {name}: no ledger row")
+            agree = False
+            continue
+        ledger, counted = row["gpu_hours_used"], used[name] / 3600
+        off = ledger / counted - 1 if counted else float("inf")
+        agree &= abs(off) <= LEDGER_TOLERANCE
+        print(
+            f"  {name}: {ledger:.4f} GPU-h used ({counted:.4f} by the emulator's count: "
+            f"{off:+.1%}) against {row['gpu_hours_static']:.4f} static for its peak; "
+            f"${row['cost_used']:.3f} against ${row['cost_static']:.3f}; "
+            f"{row['kwh_used'] or 0:.4f} kWh against {row['kwh_static'] or 0:.4f}"
+        )
+    fleet = next((r for r in rows if r["name"] == "" and r["window"] == "24h"), None)
+    if fleet and fleet["cost_static"]:
+        saved = 1 - fleet["cost_used"] / fleet["cost_static"]
+        print(
+            f"  fleet: {fleet['gpu_hours_used']:.4f} GPU-h and ${fleet['cost_used']:.3f} used, "
+            f"against {fleet['gpu_hours_static']:.4f} GPU-h and ${fleet['cost_static']:.3f} "
+            f"static: {saved:.0%} saved"
+        )
+    print(
+        f"  the ledger {'agrees' if agree else 'does NOT agree'} with the emulator's count "
+        f"within {LEDGER_TOLERANCE:.0%}"
+    )
+    return agree
 
 
 def main() -> int:
     cluster = start_cluster()
     install_manifests(cluster)
     workdir = Path(tempfile.mkdtemp(prefix="gpusizer-demo-"))
-    operator = Operator(cluster, workdir, sync_period=5.0, scrape=True)
+    # decisions every 2 s: the ledger counts what the pods held at each, so it ends within
+    # one of the emulator's count
+    operator = Operator(
+        cluster,
+        workdir,
+        sync_period=2.0,
+        scrape=True,
+        scrape_interval="2s",
+        extra_args=["--rightsizing-period", "10"],
+    )
     print(f"== starting the operator as ServiceAccount gpusizer-system/gpusizer (log {workdir})")
     operator.start()
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")
     workloads = Workloads(cluster, NAMESPACE)
-    for name in ("chat", "code"):
-        workloads.deployment(name, replicas=1, capacity_rps=10, startup_seconds=10)
-        workloads.load(name, 2)
-    for name, spec in workload_specs(NAMESPACE).items():
+    for name in NAMES:
+        workloads.deployment(
+            name, replicas=2 if name == "embed" else 1, capacity_rps=10, startup_seconds=10
+        )
+        workloads.load(name, 1.5 if name == "embed" else 2)
+    specs = workload_specs(NAMESPACE)
+    for name, spec in specs.items():
         result = workloads.sizing(name, spec)
         if result.returncode != 0:
             print(result.stderr, file=sys.stderr)
             return 1
+    # the ledger counts from the operator's first turn on each workload: so does the demo
+    wait_until(
+        lambda: all(workloads.status(n).get("observedGeneration") for n in NAMES),
+        60,
+        what="the operator's first turn on both workloads",
+    )
+    counted_from = gpu_seconds(workloads)
     started = time.time()
-    ledger = Ledger()
+    seen = PerResult()
     try:
-        print("== 1. a burst: chat gets 40 req/s, code 12 req/s (10 req/s per H100 replica)")
+        print(
+            "== 1. a burst: chat gets 40 req/s, code 12 req/s (10 req/s per H100 replica); "
+            "embed serves 1.5 req/s on two H100s"
+        )
         workloads.load("chat", 40)
         workloads.load("code", 12)
-        run_phase(workloads, ledger, "burst", 75, started)
-        print("== 2. quiet: chat drops to 6 req/s, nobody uses code")
-        workloads.load("chat", 6)
+        run_phase(workloads, seen, "burst", 75, started)
+        print(
+            "== 2. quiet: chat drops to 1.5 req/s, nobody uses code; embed (1.5 req/s all "
+            "along) gets rightSizing.mode Auto and moves to the slice its measurements call for"
+        )
+        workloads.load("chat", 1.5)
         workloads.load("code", 0)
-        run_phase(workloads, ledger, "quiet", 100, started)
+        auto = specs["embed"]
+        auto["rightSizing"] = {**auto["rightSizing"], "mode": "Auto"}
+        workloads.sizing("embed", auto)
+        run_phase(workloads, seen, "quiet", 200, started)
         print("== 3. new demand for code: the gateway holds requests, the wake query sees them")
         workloads.load("code", 8)
-        run_phase(workloads, ledger, "wake", 45, started)
+        run_phase(workloads, seen, "wake", 45, started)
+        counted_to = gpu_seconds(workloads)
     finally:
         operator.stop()
-    elapsed = time.time() - started
     print("\n== what the operator did")
-    for name in ("chat", "code"):
+    for name in NAMES:
         ours = {r.value for r in EventReason}
         reasons = [r for r in workloads.event_reasons(name) if r in ours]
         counts = {r: reasons.count(r) for r in sorted(set(reasons))}
         print(f"  {name}: events {counts}")
-    print("\n== GPU time over the story, against static provisioning for the peak")
-    total_used = total_static = 0.0
-    for name, used in ledger.gpu_seconds.items():
-        static = ledger.peak[name] * elapsed
-        total_used += used
-        total_static += static
-        print(
-            f"  {name}: {used / 3600:.3f} GPU-h used vs {static / 3600:.3f} GPU-h static "
-            f"(peak {ledger.peak[name]} replicas)"
-        )
-    saved = 1 - total_used / total_static if total_static else 0.0
-    print(
-        f"  total: ${total_used / 3600 * PRICE_PER_GPU_HOUR:.2f} vs "
-        f"${total_static / 3600 * PRICE_PER_GPU_HOUR:.2f} at ${PRICE_PER_GPU_HOUR:.2f}/GPU-h: "
-        f"{saved:.0%} saved"
-    )
+    used = {name: counted_to[name] - counted_from[name] for name in NAMES}
+    agrees = check_ledger(cluster, used)
     print("\n== right-sizing: what each GPU workload should run on (gpusizer recommend)")
     report = recommend(cluster, 300, check=False)
     print(report.stdout or report.stderr)
+    print_per_result(workloads, seen)
     print(
         f"\nThe cluster is still running: `source {STATE}/env`; stop it with `make cluster-down`."
     )
-    return 0
+    return 0 if agrees else 1
 
 
 if __name__ == "__main__":

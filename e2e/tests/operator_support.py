@@ -217,7 +217,11 @@ class Operator:
                 "gpusizer-operator",
                 [f"127.0.0.1:{self.metrics_port}"],
                 job="gpusizer",
-                labels={"__scrape_interval__": self.scrape_interval}
+                # a timeout no longer than the interval, which Prometheus requires
+                labels={
+                    "__scrape_interval__": self.scrape_interval,
+                    "__scrape_timeout__": self.scrape_interval,
+                }
                 if self.scrape_interval
                 else None,
             )
@@ -268,6 +272,16 @@ class Operator:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
+    def sample(self, series: str, **labels: str) -> float | None:
+        """The value of one of the operator's own series; None when it exports none."""
+        found = [
+            float(line.rsplit(" ", 1)[1])
+            for line in self._exposition()
+            if line.startswith(series + "{")
+            and all(f'{k}="{v}"' in line for k, v in labels.items())
+        ]
+        return sum(found) if found else None
+
     def decisions(self) -> float:
         """How many WorkloadSizings this process has decided so far."""
         for line in self._exposition():
@@ -307,9 +321,14 @@ def manifests(cluster: Cluster) -> Cluster:
 @pytest.fixture(scope="session")
 def operator(manifests: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     cluster = manifests
-    # the emulated mig-manager reads the ConfigMap through the API, not a kubelet-refreshed file
-    settle = ["--mig-config-settle", "0"]
-    op = Operator(cluster, tmp_path_factory.mktemp("operator"), extra_args=settle, scrape=True)
+    # the emulated mig-manager reads the ConfigMap through the API, not a kubelet-refreshed file;
+    # the right-sizing window read every 10 s, not every minute: tests wait on what it shows
+    op = Operator(
+        cluster,
+        tmp_path_factory.mktemp("operator"),
+        scrape=True,
+        extra_args=["--mig-config-settle", "0", "--rightsizing-period", "10"],
+    )
     try:
         op.start()
         yield op
@@ -401,6 +420,21 @@ class Workloads:
             "get", "events", "-n", self.namespace, "--field-selector", f"involvedObject.name={name}"
         )
         return [e.get("reason", "") for e in events.get("items", [])]
+
+    def emulated(self, name: str) -> dict[str, Any]:
+        """What the emulator knows of the workload, ground truth included (`accounting`)."""
+        r = requests.get(
+            f"{self.cluster.gpusim_url}/v1/workloads/{self.namespace}/{name}", timeout=10
+        )
+        r.raise_for_status()
+        return dict(r.json())
+
+    def restart_server(self, pod: str) -> None:
+        """The inference server of `pod` restarts, as after a crash: its counters start over."""
+        r = requests.post(
+            f"{self.cluster.gpusim_url}/v1/pods/{self.namespace}/{pod}/restart", timeout=10
+        )
+        r.raise_for_status()
 
     def load(self, name: str, rps: float) -> None:
         r = requests.put(

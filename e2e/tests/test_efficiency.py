@@ -1,0 +1,230 @@
+"""What a result costs, on the local cluster: the status against the emulator's own accounting,
+throughput learned from a slice slower than the catalog says, counters that restart, and the
+savings ledger against the GPU time the emulator counted."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from gpusizer.timefmt import parse_time
+
+from e2e.tests.conftest import Cluster, wait_until
+from e2e.tests.operator_support import Operator, Workloads, recommend, sizing_spec
+
+WINDOW = 60  # rightSizing.historySeconds: the shortest allowed
+
+
+def measured(name: str) -> dict[str, Any]:
+    """A WorkloadSizing spec that only measures and recommends."""
+    return sizing_spec(
+        name,
+        mode="Recommend",
+        rightSizing={"mode": "Recommend", "historySeconds": WINDOW},
+    )
+
+
+def accounting(workloads: Workloads, name: str) -> dict[str, float]:
+    return dict(workloads.emulated(name)["accounting"])
+
+
+def truth(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    """Cost and kWh per 1,000 requests between two of the emulator's accountings."""
+    requests = after["servedRequests"] - before["servedRequests"]
+    cost = after["cost"] - before["cost"]
+    kwh = (after["energyJoules"] - before["energyJoules"]) / 3.6e6
+    return cost / requests * 1000, kwh / requests * 1000
+
+
+def efficiency_after(workloads: Workloads, name: str, moment: float) -> dict[str, Any]:
+    """The status's efficiency once its window lies wholly after `moment`."""
+
+    def fresh() -> dict[str, Any] | None:
+        found = workloads.status(name).get("efficiency") or {}
+        ended = parse_time(found.get("time"))
+        if ended is None or found.get("costPer1kRequests") is None:
+            return None
+        return found if ended - WINDOW >= moment else None
+
+    found: dict[str, Any] = wait_until(fresh, 240, interval=2, what=f"{name}'s measured window")
+    return found
+
+
+def steady(workloads: Workloads, name: str) -> bool:
+    """Ready, and the backlog queued while it started served."""
+    return workloads.ready(name) >= 1 and workloads.emulated(name)["queue"] < 1
+
+
+def test_two_workloads_on_different_slices_cost_what_the_emulator_counts(
+    operator: Operator, workloads: Workloads
+) -> None:
+    # a whole H100 at half its 10 req/s, and a 3g.40gb slice (4.8 req/s) at about 40 %
+    workloads.deployment("whole", replicas=1, capacity_rps=10)
+    workloads.deployment("slice", replicas=1, capacity_rps=10, resource="nvidia.com/mig-3g.40gb")
+    workloads.load("whole", 5)
+    workloads.load("slice", 2)
+    for name in ("whole", "slice"):
+        assert workloads.sizing(name, measured(name)).returncode == 0
+    wait_until(
+        lambda: steady(workloads, "whole") and steady(workloads, "slice"),
+        90,
+        what="both replicas ready and their start-up backlog served",
+    )
+    start = {name: accounting(workloads, name) for name in ("whole", "slice")}
+    started = time.time()
+    shown = {name: efficiency_after(workloads, name, started) for name in ("whole", "slice")}
+    truths = {name: truth(start[name], accounting(workloads, name)) for name in shown}
+    for name, (cost, kwh) in truths.items():
+        got = shown[name]
+        assert got["costPer1kRequests"] == pytest.approx(cost, rel=0.05), (name, got, cost)
+        assert got["kWhPer1kRequests"] == pytest.approx(kwh, rel=0.05), (name, got, kwh)
+        assert got["currency"] == "USD" and got.get("unknown") is None, got
+        assert got["costPerMillionOutputTokens"] == pytest.approx(
+            got["costPer1kRequests"] * 1000 / 200, rel=0.01
+        )  # the emulator's 200 output tokens per request
+    # the slice's energy is its share of its GPU's, not the GPU's: far under the whole GPU's
+    assert shown["slice"]["powerWatts"] < shown["whole"]["powerWatts"] / 2
+
+    # its server restarts and its counters start over: every window read meanwhile, the
+    # restart inside it, stays true (the operator's gauges follow each read; none while no
+    # pod serves: unknown, not zero)
+    [pod] = workloads.pods("whole")
+    workloads.restart_server(pod["metadata"]["name"])
+    cost, kwh = truths["whole"]
+    labels = {"namespace": workloads.namespace, "name": "whole"}
+    seen = []
+    until = time.time() + WINDOW + 15
+    while time.time() < until:
+        seen.append(
+            (
+                operator.sample("gpusizer_cost_per_1k_requests", **labels),
+                operator.sample("gpusizer_kwh_per_1k_requests", **labels),
+            )
+        )
+        time.sleep(2)  # a sampling interval: every read in the window is checked
+    known = [(c, k) for c, k in seen if c is not None and k is not None]
+    assert len(known) > len(seen) / 2, seen
+    assert all(c == pytest.approx(cost, rel=0.1) for c, _ in known), (cost, seen)
+    assert all(k == pytest.approx(kwh, rel=0.1) for _, k in known), (kwh, seen)
+
+
+def test_a_slice_slower_than_the_catalog_says_is_learned(
+    operator: Operator, workloads: Workloads
+) -> None:
+    # one H100 at 15 %; the catalog says a 2g.20gb slice serves 0.26 of it, this model gets
+    # 30 % less on one
+    workloads.deployment(
+        "learn",
+        replicas=1,
+        capacity_rps=10,
+        memory_mib=12288,
+        annotations={"gpusim.gpusizer.io/slice-speed": "mig-2g.20gb=0.7"},
+    )
+    workloads.load("learn", 1.5)
+    spec = sizing_spec(
+        "learn",
+        replicas={"min": 1, "max": 4},
+        rightSizing={
+            "mode": "Recommend",
+            "historySeconds": WINDOW,
+            "allowedSlices": ["gpu-h100", "mig-2g.20gb"],
+        },
+    )
+    assert workloads.sizing("learn", spec).returncode == 0
+
+    def measured_on(*slices: str) -> dict[str, Any] | None:
+        status = workloads.status("learn")
+        found = {m["slice"] for m in status.get("measuredThroughput", [])}
+        return status if set(slices) <= found else None
+
+    status = wait_until(lambda: measured_on("gpu-h100"), 180, interval=2, what="H100 measured")
+    h100 = status["measuredThroughput"][0]
+    assert h100["requestsPerSecond"] == pytest.approx(10, rel=0.1), h100
+    recommendation = status["recommendation"]
+    assert recommendation["slice"] == "mig-2g.20gb", recommendation
+    assert recommendation["throughput"] == "Estimated", recommendation
+    assert "throughput estimated from the catalog" in recommendation["reason"]
+
+    spec["rightSizing"]["mode"] = "Auto"
+    assert workloads.sizing("learn", spec).returncode == 0
+    status = wait_until(
+        lambda: measured_on("gpu-h100", "mig-2g.20gb"), 300, interval=2, what="2g.20gb measured"
+    )
+    on_2g = next(m for m in status["measuredThroughput"] if m["slice"] == "mig-2g.20gb")
+    assert on_2g["requestsPerSecond"] == pytest.approx(10 * 0.26 * 0.7, rel=0.1), on_2g
+    wait_until(
+        lambda: "ThroughputMispredicted" in workloads.event_reasons("learn"),
+        60,
+        what="the missed prediction reported",
+    )
+    events = workloads.cluster.kubectl_json(
+        "get", "events", "-n", workloads.namespace, "--field-selector", "involvedObject.name=learn"
+    )["items"]
+    [missed] = [e for e in events if e["reason"] == "ThroughputMispredicted"]
+    assert "30% less than" in missed["message"], missed["message"]
+
+    def measured_recommendation() -> dict[str, Any] | None:
+        found = workloads.status("learn").get("recommendation") or {}
+        return found if found.get("throughput") == "Measured" else None
+
+    recommendation = wait_until(measured_recommendation, 60, what="a measured recommendation")
+    assert (
+        "throughput measured on gpu-h100@h100-80gb, mig-2g.20gb@h100-80gb"
+        in (recommendation["reason"])
+    ), recommendation
+    # two 2g.20gb slices at 1.82 req/s each serve the 1.5 req/s at 41 %; the catalog said one
+    assert recommendation["replicas"] == 2, recommendation
+
+
+def test_the_ledger_agrees_with_the_gpu_time_the_emulator_counted(
+    operator: Operator, workloads: Workloads, cluster: Cluster
+) -> None:
+    # at zero until the operator's first turn, and back to zero at the end: the operator and
+    # the emulator count the same stretch
+    workloads.deployment("story", replicas=0, capacity_rps=10)
+    spec = sizing_spec(
+        "story",
+        replicas={"min": 0, "max": 4},
+        scaleToZero={
+            "enabled": True,
+            "idleSeconds": 10,
+            "wakeQuery": "sum(gateway_pending_requests"
+            f'{{namespace="{workloads.namespace}",service="story"}})',
+        },
+    )
+    before = accounting(workloads, "story")
+    workloads.load("story", 25)
+    assert workloads.sizing("story", spec).returncode == 0
+    workloads.wait_replicas("story", lambda n: n >= 3, 90, "a burst's replicas")
+    time.sleep(20)  # the story: a burst held for a while (not a readiness wait)
+    workloads.load("story", 0)
+    workloads.wait_replicas("story", lambda n: n == 0, 120, "back to zero when idle")
+    wait_until(lambda: not workloads.pods("story"), 60, what="its pods gone")
+    used = accounting(workloads, "story")["gpuSeconds"] - before["gpuSeconds"]
+    assert used > 60, used
+
+    def ledger_rows() -> list[dict[str, Any]]:
+        result = recommend(cluster, 300, "--ledger", "--format", "json", check=True, timeout=120)
+        return list(json.loads(result.stdout)["ledger"])
+
+    def agrees() -> list[dict[str, Any]] | None:
+        """The 24 h rows once the counters' last samples are scraped: within 2 %."""
+        rows = ledger_rows()
+        mine = [r for r in rows if (r["namespace"], r["name"]) == (workloads.namespace, "story")]
+        day = next((r for r in mine if r["window"] == "24h"), None)
+        if day and day["gpu_hours_used"] and abs(day["gpu_hours_used"] * 3600 - used) < 0.02 * used:
+            return rows
+        return None
+
+    try:
+        rows = wait_until(agrees, 60, interval=3, what="the ledger's 24 h row")
+    except TimeoutError:
+        pytest.fail(f"the emulator counted {used:.0f} GPU-seconds; the ledger: {ledger_rows()}")
+    row = next(r for r in rows if r["name"] == "story" and r["window"] == "24h")
+    assert row["gpu_hours_static"] > row["gpu_hours_used"], row  # the burst's peak, held
+    assert row["cost_used"] == pytest.approx(row["gpu_hours_used"] * 3.00, rel=0.01), row
+    assert row["kwh_used"] > 0 and row["kwh_static"] > row["kwh_used"], row
+    fleet = next(r for r in rows if r["name"] == "" and r["window"] == "24h")
+    assert fleet["gpu_hours_used"] >= row["gpu_hours_used"], fleet
