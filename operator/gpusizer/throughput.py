@@ -5,12 +5,13 @@ that puts those measurements in place of the catalog's estimate.
 Pure: from the window's readings, the pods and the measurements the statuses keep.
 
 A measurement is the requests and output tokens per second the serving pods served, over the
-utilisation they were busy at: what a replica serves when fully busy. It is taken only when
-every serving pod runs on the slice and was ready for most of the window, and the utilisation
-is high enough for its one-percent steps not to dominate. Utilisation is not linear in
-throughput on every server (batching serves more at the same busy share), so the figure is
-the workload's own at the load it had, which is why it replaces the catalog only for pairs of
-slices measured alike.
+utilisation they were busy at: what a replica serves when fully busy. It is taken from the pods
+that served through the whole window (a counter that starts inside it is seen from its first
+scrape, which counts a pod's first seconds short), only when every serving pod runs on the
+slice, and when the utilisation is high enough for its one-percent steps not to dominate.
+Utilisation is not linear in throughput on every server (batching serves more at the same busy
+share), so the figure is the workload's own at the load it had, which is why it replaces the
+catalog only for pairs of slices measured alike.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ SliceKey = tuple[str, str]  # (slice name, product key), as Slice.key
 
 MIN_UTILIZATION = 10.0
 """Percent: below it a measurement is not taken (GPU_UTIL moves in steps of one percent)."""
-MIN_READY_SHARE = 0.5
-"""Share of the window every serving pod must have been ready for a measurement."""
 DEFAULT_SURPRISE_SHARE = 0.2
 """A move whose measured throughput differs from its prediction by more is reported."""
 
@@ -75,56 +74,48 @@ def fingerprint(pod_spec: Mapping[str, Any] | None, container: str | None) -> st
     return None
 
 
-def _ready_seconds(pod: PodInfo, window: float, at: float) -> float:
-    if pod.ready_since is None:
-        return window if pod.ready else 0.0
-    return max(0.0, min(window, at - pod.ready_since))
-
-
-def _held_seconds(pod: PodInfo, window: float, at: float) -> float:
-    return window if pod.created is None else max(0.0, min(window, at - pod.created))
-
-
 def measure(
     history: UsageHistory,
     serving: Sequence[PodInfo],
     on: Slice,
     fingerprint_: str,
 ) -> Measurement | None:
-    """The workload's throughput per fully busy replica on `on`, or None when the window does
-    not show it well enough (see the module's docstring). `serving` are the pods that serve
-    now, all on `on`."""
+    """The workload's throughput per fully busy replica on `on`, from its serving pods (all on
+    `on`) that were ready for the whole window, or None when none was or the window does not
+    show it well enough (see the module's docstring)."""
     window, at = float(history.window_seconds), history.time
     util_signal = "mig_utilization" if on.profile is not None else "utilization"
     utilization = history.signals.get(util_signal)
     requests, tokens = history.signals.get(REQUESTS), history.signals.get(OUTPUT_TOKENS)
-    if not serving or utilization is None or requests is None:
+    if utilization is None or requests is None:
         return None
-    request_rate = token_rate = busy = 0.0
-    for pod in serving:
-        key = (pod.namespace, pod.name)
-        ready = _ready_seconds(pod, window, at)
-        if ready < MIN_READY_SHARE * window or key not in utilization.samples:
-            return None
-        if key not in requests.samples or requests.samples[key].value < 0:
-            return None
-        # the window's mean includes the time before the pod was ready, when it did nothing
-        held = max(ready, _held_seconds(pod, window, at))
-        busy += min(100.0, utilization.samples[key].value * held / ready) / 100
-        request_rate += requests.samples[key].value / ready
-        token_rate += _rate(tokens, key, ready)
-    if busy * 100 / len(serving) < MIN_UTILIZATION:
+    whole = [
+        (p.namespace, p.name)
+        for p in serving
+        if p.ready_since is not None and p.ready_since <= at - window
+    ]
+    measured = [
+        key
+        for key in whole
+        if key in utilization.samples
+        and key in requests.samples
+        and requests.samples[key].value >= 0
+    ]
+    if not measured or len(measured) < len(whole):
         return None
-    has_tokens = tokens is not None and all(
-        (p.namespace, p.name) in tokens.samples for p in serving
-    )
+    busy = sum(utilization.samples[key].value for key in measured) / 100
+    if busy * 100 / len(measured) < MIN_UTILIZATION:
+        return None
+    has_tokens = tokens is not None and all(key in tokens.samples for key in measured)
     return Measurement(
         slice=on.name,
         product=on.product.key,
         fingerprint=fingerprint_,
-        requests_per_second=request_rate / busy,
-        output_tokens_per_second=token_rate / busy if has_tokens else None,
-        utilization=busy * 100 / len(serving),
+        requests_per_second=sum(requests.samples[k].value for k in measured) / window / busy,
+        output_tokens_per_second=sum(_rate(tokens, k, window) for k in measured) / busy
+        if has_tokens
+        else None,
+        utilization=busy * 100 / len(measured),
         time=at,
     )
 

@@ -25,8 +25,10 @@ from gpusizer.throughput import (
     surprise,
 )
 
+from tests.unit.test_reconcile import NOW
+from tests.unit.test_reconcile import pod as reconcile_pod
+
 CATALOG = load_catalog()
-NOW = 1_800_000_000.0
 WINDOW = 120
 
 
@@ -40,20 +42,8 @@ H100, MIG_2G, MIG_3G = slice_("gpu-h100"), slice_("mig-2g.20gb"), slice_("mig-3g
 
 
 def pod(name: str, ready_for: float = WINDOW, created_before: float | None = None) -> PodInfo:
-    return PodInfo(
-        namespace="llm",
-        name=name,
-        labels={},
-        node="n",
-        ready=True,
-        terminating=False,
-        phase="Running",
-        gpu_resource="nvidia.com/gpu",
-        gpu_container="vllm",
-        oom_kills=0,
-        created=NOW - (created_before if created_before is not None else ready_for),
-        ready_since=NOW - ready_for,
-    )
+    created = NOW - (created_before if created_before is not None else ready_for)
+    return reconcile_pod(name, created=created, ready_since=NOW - ready_for)
 
 
 def window(
@@ -81,20 +71,15 @@ def window(
             [pod("a"), pod("b")],
             (10.0, 1000.0, 40.0),
         ),
-        # ready for 90 of the 120 s it held its GPU: the window's 30 % is 40 % while ready
+        # a replica started inside the window is left out: only the whole window's count
         (
-            "a pod ready for part of the window",
-            window({"a": 30}, {"a": 360}),
-            [pod("a", ready_for=90, created_before=120)],
+            "a replica ready for part of the window",
+            window({"a": 40, "new": 90}, {"a": 480, "new": 200}),
+            [pod("a"), pod("new", ready_for=90, created_before=120)],
             (10.0, None, 40.0),
         ),
         ("too idle to scale by", window({"a": 5}, {"a": 60}), [pod("a")], None),
-        (
-            "ready for under half the window",
-            window({"a": 40}, {"a": 100}),
-            [pod("a", ready_for=50)],
-            None,
-        ),
+        ("none ready the whole window", window({"a": 40}, {"a": 400}), [pod("a", 100)], None),
         ("no request counter", window({"a": 40}, {}), [pod("a")], None),
         ("no utilisation", window({}, {"a": 480}), [pod("a")], None),
         ("no serving pod", window({"a": 40}, {"a": 480}), [], None),
