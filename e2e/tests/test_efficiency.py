@@ -5,6 +5,7 @@ savings ledger against the GPU time the emulator counted."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -163,7 +164,8 @@ def test_a_slice_slower_than_the_catalog_says_is_learned(
         "get", "events", "-n", workloads.namespace, "--field-selector", "involvedObject.name=learn"
     )["items"]
     [missed] = [e for e in events if e["reason"] == "ThroughputMispredicted"]
-    assert "30% less than" in missed["message"], missed["message"]
+    short = re.search(r"(\d+)% less than", missed["message"])
+    assert short and 25 <= int(short.group(1)) <= 35, missed["message"]  # the emulator's 30 %
 
     def measured_recommendation() -> dict[str, Any] | None:
         found = workloads.status("learn").get("recommendation") or {}
@@ -181,6 +183,17 @@ def test_a_slice_slower_than_the_catalog_says_is_learned(
 def test_the_ledger_agrees_with_the_gpu_time_the_emulator_counted(
     operator: Operator, workloads: Workloads, cluster: Cluster
 ) -> None:
+    def ledger_rows() -> list[dict[str, Any]]:
+        result = recommend(cluster, 300, "--ledger", "--format", "json", check=True, timeout=120)
+        return list(json.loads(result.stdout)["ledger"])
+
+    def story_row(rows: list[dict[str, Any]], window: str = "24h") -> dict[str, Any] | None:
+        mine = (workloads.namespace, "story", window)
+        return next((r for r in rows if (r["namespace"], r["name"], r["window"]) == mine), None)
+
+    # a cluster reused for another run keeps the last 24 h of this namespace's series: the
+    # ledger's growth over the story is what it counted of it
+    earlier = story_row(ledger_rows()) or {"gpu_hours_used": 0.0, "gpu_hours_static": 0.0}
     # at zero until the operator's first turn, and back to zero at the end: the operator and
     # the emulator count the same stretch
     workloads.deployment("story", replicas=0, capacity_rps=10)
@@ -205,26 +218,26 @@ def test_the_ledger_agrees_with_the_gpu_time_the_emulator_counted(
     used = accounting(workloads, "story")["gpuSeconds"] - before["gpuSeconds"]
     assert used > 60, used
 
-    def ledger_rows() -> list[dict[str, Any]]:
-        result = recommend(cluster, 300, "--ledger", "--format", "json", check=True, timeout=120)
-        return list(json.loads(result.stdout)["ledger"])
-
     def agrees() -> list[dict[str, Any]] | None:
-        """The 24 h rows once the counters' last samples are scraped: within 2 %."""
+        """The rows once the counters' last samples are scraped: within 2 %."""
         rows = ledger_rows()
-        mine = [r for r in rows if (r["namespace"], r["name"]) == (workloads.namespace, "story")]
-        day = next((r for r in mine if r["window"] == "24h"), None)
-        if day and day["gpu_hours_used"] and abs(day["gpu_hours_used"] * 3600 - used) < 0.02 * used:
-            return rows
-        return None
+        day = story_row(rows)
+        counted = (day["gpu_hours_used"] - earlier["gpu_hours_used"]) * 3600 if day else 0.0
+        return rows if abs(counted - used) < 0.02 * used else None
 
     try:
         rows = wait_until(agrees, 60, interval=3, what="the ledger's 24 h row")
     except TimeoutError:
-        pytest.fail(f"the emulator counted {used:.0f} GPU-seconds; the ledger: {ledger_rows()}")
-    row = next(r for r in rows if r["name"] == "story" and r["window"] == "24h")
-    assert row["gpu_hours_static"] > row["gpu_hours_used"], row  # the burst's peak, held
+        pytest.fail(
+            f"the emulator counted {used:.0f} GPU-seconds; the ledger: {story_row(ledger_rows())}"
+        )
+    row = story_row(rows)
+    assert row is not None
+    static = row["gpu_hours_static"] - earlier["gpu_hours_static"]
+    assert static > row["gpu_hours_used"] - earlier["gpu_hours_used"], row  # the burst's peak
     assert row["cost_used"] == pytest.approx(row["gpu_hours_used"] * 3.00, rel=0.01), row
     assert row["kwh_used"] > 0 and row["kwh_static"] > row["kwh_used"], row
     fleet = next(r for r in rows if r["name"] == "" and r["window"] == "24h")
     assert fleet["gpu_hours_used"] >= row["gpu_hours_used"], fleet
+    week = story_row(rows, "7d")
+    assert week is not None and week["gpu_hours_used"] >= row["gpu_hours_used"], week

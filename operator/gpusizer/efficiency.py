@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 
 from gpusizer.catalog import Catalog, Slice
 from gpusizer.signals.parse import LabelledValue, PodKey, PodSamples, pod_key
@@ -409,7 +409,4 @@ def rounded(figures: Figures, digits: int = 4) -> Figures:
             return value
         return round(value, digits - 1 - math.floor(math.log10(abs(value))))
 
-    return replace(
-        figures,
-        **{name: significant(getattr(figures, name)) for name in Figures.__dataclass_fields__},
-    )
+    return Figures(**{name: significant(value) for name, value in asdict(figures).items()})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -177,7 +177,7 @@ def _result_costs(figures: Figures | None) -> ResultCosts | None:
     if figures is None:
         return None
     shown = rounded(figures)
-    return ResultCosts(**{name: getattr(shown, name) for name in type(shown).__dataclass_fields__})
+    return ResultCosts(**asdict(shown))
 
 
 def _prediction(measured: Measured, move: Move) -> Prediction | None:

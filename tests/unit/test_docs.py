@@ -302,23 +302,17 @@ def test_dashboard_shows_every_operator_metric_and_gpu_use() -> None:
         assert series in text
 
 
-def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
-    """Grafana's variables substituted, each query checked by promtool as a recording rule."""
-    substituted = [
-        e.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$name", ".*")
-        for e in dashboard_exprs()
-    ]
+def assert_valid_promql(name: str, exprs: list[str], tmp_path: Path) -> None:
+    """Each expression checked by promtool as a recording rule."""
     group = {
         "groups": [
             {
-                "name": "dashboard",
-                "rules": [
-                    {"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(substituted)
-                ],
+                "name": name,
+                "rules": [{"record": f"{name}:query{i}", "expr": e} for i, e in enumerate(exprs)],
             }
         ]
     }
-    path = tmp_path / "dashboard-rules.yaml"
+    path = tmp_path / f"{name}-rules.yaml"
     path.write_text(yaml.safe_dump(group))
     result = subprocess.run(
         [promtool(), "check", "rules", str(path)],
@@ -328,6 +322,15 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """Grafana's variables substituted."""
+    substituted = [
+        e.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$name", ".*")
+        for e in dashboard_exprs()
+    ]
+    assert_valid_promql("dashboard", substituted, tmp_path)
 
 
 def test_dashboard_panels_are_laid_out_and_use_the_datasource_variable() -> None:

@@ -11,8 +11,10 @@ from gpusizer.ledger import LedgerRow, fleet, held, ledger_rows
 from gpusizer.signals.parse import LabelledValue
 from gpusizer.signals.pods import PodInfo
 
+from tests.unit.test_reconcile import NOW
+from tests.unit.test_reconcile import pod as reconcile_pod
+
 CATALOG = load_catalog()
-NOW = 1_800_000_000.0
 
 
 def slice_(name: str) -> Slice:
@@ -25,21 +27,7 @@ H100, MIG_3G = slice_("gpu-h100"), slice_("mig-3g.40gb")
 
 
 def pod(name: str, age: float = 3600, **kw: Any) -> PodInfo:
-    fields: dict[str, Any] = dict(
-        namespace="llm",
-        name=name,
-        labels={},
-        node="n",
-        ready=True,
-        terminating=False,
-        phase="Running",
-        gpu_resource="nvidia.com/gpu",
-        gpu_container="vllm",
-        oom_kills=0,
-        created=NOW - age,
-    )
-    fields.update(kw)
-    return PodInfo(**fields)
+    return reconcile_pod(name, created=NOW - age, **kw)
 
 
 @pytest.mark.parametrize(

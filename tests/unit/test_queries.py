@@ -3,10 +3,8 @@ right-sizing window reads what it says: increases of counters per pod, MIG serie
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-import yaml
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.signals.queries import (
     SERVER_COUNTERS,
@@ -16,7 +14,7 @@ from gpusizer.signals.queries import (
     ledger_queries,
 )
 
-from tests.unit.test_docs import promtool
+from tests.unit.test_docs import assert_valid_promql
 
 
 def test_every_query_the_operator_sends_parses(tmp_path: Path) -> None:
@@ -24,22 +22,7 @@ def test_every_query_the_operator_sends_parses(tmp_path: Path) -> None:
     queries += [q.promql for q in history_queries(3600).values()]
     queries += list(instance_queries(3600).values())
     queries += list(ledger_queries(86400).values())
-    rules = {
-        "groups": [
-            {
-                "name": "operator",
-                "rules": [
-                    {"record": f"operator:query{i}", "expr": q} for i, q in enumerate(queries)
-                ],
-            }
-        ]
-    }
-    path = tmp_path / "operator-rules.yaml"
-    path.write_text(yaml.safe_dump(rules))
-    result = subprocess.run(
-        [promtool(), "check", "rules", str(path)], text=True, capture_output=True, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_valid_promql("operator", queries, tmp_path)
 
 
 def test_every_servers_counters_are_read_and_increases_are_taken_before_summing() -> None:
