@@ -32,6 +32,7 @@ from gpusizer.signals.queries import (
     HELD_GPUS,
     HELD_IDLE_JOULES,
     HELD_IDLE_WATTS,
+    REQUESTS,
     TRACKED_SECONDS,
 )
 from gpusizer.signals.reader import HistoryCache, LedgerCache
@@ -132,10 +133,22 @@ def serving_pods(
     pods: Sequence[PodInfo],
     slices: Mapping[tuple[str, str], Slice | None],
     history: UsageHistory,
+    max_age_seconds: float,
 ) -> list[ServingPod]:
     """The pods serving now that the window saw, each with the part of it they held their
-    slice: one started since the window was read counts from the next read."""
+    slice. One started since the window was read counts from the next read, and so does one
+    that turned ready less than `max_age_seconds` (metrics.maxSampleAgeSeconds) before it
+    without a request count yet: the next scrape shows it, so it is not a hole in the data
+    (as `signals.join` counts such a pod)."""
     window = float(history.window_seconds)
+    counted = history.signals.get(REQUESTS)
+
+    def seen(p: PodInfo) -> bool:
+        if p.created is not None and p.created >= history.time:
+            return False
+        fresh = p.ready_since is not None and history.time - p.ready_since < max_age_seconds
+        return not (fresh and counted is not None and (p.namespace, p.name) not in counted.samples)
+
     return [
         ServingPod(
             key=(p.namespace, p.name),
@@ -144,7 +157,7 @@ def serving_pods(
             seconds=window if p.created is None else min(window, history.time - p.created),
         )
         for p in pods
-        if p.ready and not p.terminating and (p.created is None or p.created < history.time)
+        if p.ready and not p.terminating and seen(p)
     ]
 
 
@@ -206,7 +219,8 @@ class Measurer:
         (None: not yet)."""
         history = await self._history.get(spec.right_sizing.history_seconds)
         slices = {(p.namespace, p.name): pod_slice(self.catalog, p, nodes) for p in pods}
-        found = efficiency(history, serving_pods(pods, slices, history), self.catalog)
+        serving = serving_pods(pods, slices, history, spec.metrics.max_sample_age_seconds)
+        found = efficiency(history, serving, self.catalog)
         alike = fingerprint(target.pod_spec, spec.container)
         known = [m for m in measurements_from_status(status) if m.fingerprint == alike]
         kept = newest(known, measure_on_one_slice(history, pods, slices, alike))

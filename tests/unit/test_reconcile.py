@@ -880,3 +880,17 @@ async def test_a_move_whose_outcome_misses_its_prediction_is_an_event(
     if events_out:
         message = next(e.message for e in outcome.events if e.reason.value == events_out[0][1])
         assert "2 req/s, 30% less than the 2.86 predicted (estimated throughput)" in message
+
+
+async def test_a_replica_ready_since_the_last_scrape_waits_for_its_first_count() -> None:
+    """Not yet in the counters: left out of the window, not a hole that unknowns it all."""
+    new = pod("chat-2", created=NOW - 40, ready_since=NOW - 10)
+    outcome, _, _, _ = await Turn(history=SERVING, util=10.0, pods=[*Turn().pods, new]).run()
+    found = outcome.status_patch["efficiency"]
+    assert found["unknown"] is None and found["costPer1kRequests"] == pytest.approx(
+        6.00 / 7.2, rel=1e-3
+    )
+    # one ready longer than metrics.maxSampleAgeSeconds without a count is a missing series
+    old = pod("chat-2", created=NOW - 400, ready_since=NOW - 300)
+    outcome, _, _, _ = await Turn(history=SERVING, util=10.0, pods=[*Turn().pods, old]).run()
+    assert outcome.status_patch["efficiency"]["unknown"].startswith("requests: no series")

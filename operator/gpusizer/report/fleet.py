@@ -20,6 +20,7 @@ from gpusizer.api.v1alpha1 import (
     GROUP,
     PLURAL,
     VERSION,
+    MetricsSpec,
     RightSizingSpec,
     WorkloadSizingSpec,
 )
@@ -191,7 +192,8 @@ async def fleet_report(
         history = histories[spec.history_seconds if sized else history_seconds]
         measured, problems = usage(history, pods, now)
         slices = {(p.namespace, p.name): pod_slice(catalog, p, nodes) for p in pods}
-        found = efficiency(history, serving_pods(pods, slices, history), catalog)
+        max_age = (sized[1].metrics if sized else MetricsSpec()).max_sample_age_seconds
+        found = efficiency(history, serving_pods(pods, slices, history, max_age), catalog)
         fresh = measure_on_one_slice(history, pods, slices, alike[key])
         if fresh is not None:
             book.learn(("", f"{key[0]}/{key[1]}/{key[2]}"), [fresh])
