@@ -82,6 +82,7 @@ def deployment_manifest(
     startup_seconds: float = 2,
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    args: list[str] | None = None,
 ) -> dict[str, Any]:
     """A vLLM Deployment of GPU pods, with the emulator's annotations for its load model."""
     annotations = {
@@ -112,6 +113,7 @@ def deployment_manifest(
                             "name": "vllm",
                             "image": "vllm/vllm-openai:v0.11.0",
                             "resources": {"limits": {resource: 1}},
+                            **({"args": args} if args else {}),
                         }
                     ],
                 },
