@@ -171,13 +171,16 @@ class OpenAIEndpoints:
         except ValueError as exc:
             return _error(400, str(exc))
         tokens = answer_tokens(prompt, max_tokens)
+        request_id = request.headers.get("X-Request-Id")
         if body.get("stream"):
-            response = await self._stream(request, pod, tokens, chat)
-        else:
-            await asyncio.sleep(pod.token_seconds * len(tokens))
-            response = web.json_response(_completion(pod.model, tokens, chat, len(prompt)))
-        self.served.count(pod.workload, request.headers.get("X-Request-Id"))
-        return response
+            stream = await self._stream(request, pod, tokens, chat)
+            # counted before the end goes out: a client that has read it finds it counted
+            self.served.count(pod.workload, request_id)
+            await stream.write_eof()
+            return stream
+        await asyncio.sleep(pod.token_seconds * len(tokens))
+        self.served.count(pod.workload, request_id)
+        return web.json_response(_completion(pod.model, tokens, chat, len(prompt)))
 
     async def _stream(
         self, request: web.BaseRequest, pod: ServingPod, tokens: list[str], chat: bool
@@ -191,7 +194,6 @@ class OpenAIEndpoints:
             chunk = _chunk(ident, pod.model, token, chat, "length" if last else None)
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
         return response
 
 
