@@ -18,7 +18,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import requests
 
 from e2e.loadgen import Answer, ServiceEndpoints, send, summary
 from e2e.tests.activator_support import ACTIVATOR, ActivatorPods, ReplicaWatch
@@ -173,7 +172,7 @@ def test_a_workload_at_zero_answers_200_concurrent_requests_half_streamed(
     finally:
         replicas.stop()
     assert summary(answers) == {"requests": 200, "ok": 200, "failed": {}}
-    served = workloads_served(cluster, namespace)
+    served = workloads.emulated("chat")
     assert served["httpRequests"] == 200 and served["httpDuplicates"] == [], served
     first = min(a.started for a in answers)
     woken = replicas.woken_after(first)
@@ -200,13 +199,6 @@ def test_a_workload_at_zero_answers_200_concurrent_requests_half_streamed(
     assert summary(more)["ok"] == 50
     assert activator_requests(activator, namespace) == before, "none passed the activator"
     endpoints.stop()
-
-
-def workloads_served(cluster: Cluster, namespace: str) -> dict[str, Any]:
-    answer = requests.get(f"{cluster.gpusim_url}/v1/workloads/{namespace}/chat", timeout=10)
-    answer.raise_for_status()
-    found: dict[str, Any] = answer.json()
-    return found
 
 
 def test_past_max_pending_requests_503_at_once_past_hold_timeout_504(
