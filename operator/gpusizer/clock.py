@@ -26,6 +26,7 @@ from typing import Any
 
 from gpusizer.report import metrics
 from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.health import PrometheusHealth, PrometheusState
 from gpusizer.signals.parse import PodKey
 from gpusizer.signals.reader import SnapshotReader
 from gpusizer.signals.snapshot import Snapshot, moved_pods
@@ -43,15 +44,20 @@ class Cycle:
     workloads: int = 0  # how many decide on it
     # pods whose readings moved since the previous cycle: their workloads are decided first
     moved: frozenset[PodKey] = frozenset()
+    # an outage of Prometheus going on, or the last one
+    prometheus: PrometheusState = field(default_factory=PrometheusState)
 
 
 async def fetch_cycle(
     reader: SnapshotReader,
+    health: PrometheusHealth,
     list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
 ) -> Cycle:
-    """The batched Prometheus snapshot and the list of other autoscalers, for every workload."""
+    """The batched Prometheus snapshot, whether Prometheus answers at all, and the list of
+    other autoscalers, for every workload."""
     started = time.monotonic()
     snapshot = await reader.read()
+    prometheus = health.observe(snapshot)
     metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
         time.monotonic() - started
     )
@@ -61,7 +67,7 @@ async def fetch_cycle(
     except Exception as exc:  # the API server is down or refusing: say so, act on nothing
         log.warning("listing HPAs and ScaledObjects failed: %s", exc)
         owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
-    return Cycle(snapshot=snapshot, autoscalers=owners, error=error)
+    return Cycle(snapshot=snapshot, autoscalers=owners, error=error, prometheus=prometheus)
 
 
 Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first

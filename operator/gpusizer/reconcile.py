@@ -48,17 +48,18 @@ from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import (
     ConditionState,
+    RefreshBudget,
     flipped,
     history_fields,
     history_from_status,
 )
-from gpusizer.report.turn import Outcome, Report
+from gpusizer.report.turn import OutageDamping, Outcome, Report
 from gpusizer.rightsizing import RightSizer, RightSizingOutcome, Sized
 from gpusizer.settings import Tenancy
 from gpusizer.signals.join import WorkloadSignals, workload_signals
+from gpusizer.signals.parse import PodSamples, Problem
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.reader import read_custom_queue
-from gpusizer.signals.snapshot import Snapshot
 from gpusizer.signals.user_queries import InvalidQuery, UserQueries, user_queries
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
@@ -79,6 +80,8 @@ class Services:
     right_sizer: RightSizer
     tenancy: Tenancy = field(default_factory=Tenancy)
     status_refresh_seconds: float = STATUS_REFRESH_SECONDS
+    damping: OutageDamping = field(default_factory=OutageDamping)
+    refresh_budget: RefreshBudget = field(default_factory=RefreshBudget)
 
 
 class TurnEnded(Exception):
@@ -135,7 +138,15 @@ async def reconcile(
     """A valid spec, a target that can be read and that no other autoscaler owns; then what
     its pods show, the replica decision, right-sizing, the write the mode and the pause allow,
     and the status and events that say so."""
-    report = Report(obj, cycle.workloads, services.status_refresh_seconds, now)
+    report = Report(
+        obj,
+        cycle.workloads,
+        services.status_refresh_seconds,
+        now,
+        cycle.prometheus,
+        services.damping,
+        services.refresh_budget,
+    )
     try:
         checked = await checks(obj, view, cycle, services, memory)
     except TurnEnded as ended:
@@ -143,7 +154,7 @@ async def reconcile(
     spec, target = checked.spec, checked.target
     pods = view.selected(obj.namespace, target.selector)
     held = held_requests(obj.annotations, now)
-    signals = await observe(checked, pods, cycle.snapshot, services, held, now)
+    signals = await observe(checked, pods, cycle, services, held, now)
     subject = Sized(obj.namespace, target, pods, view)
     measured = await measure(checked, subject, services, memory, now)
     decision = decide(checked, pods, signals, memory, now)
@@ -166,11 +177,12 @@ async def reconcile(
     status: dict[str, Any] = {
         "current_replicas": acted.current,
         "desired_replicas": decision.desired,
-        "observation": _observation(signals, now),
         "last_scale_time": acted.last_scale_time,
         **history_fields(acted.history, learned=spec.scale_to_zero.enabled),
         **measured.status_fields(),
     }
+    if cycle.prometheus.down is None:  # while Prometheus is out, the last observation stands
+        status["observation"] = _observation(signals, now)
     if sizing.recommendation is not None:
         status["recommendation"] = sizing.recommendation
     ready = acted.ready
@@ -275,24 +287,31 @@ def stand_back_from_other_autoscalers(
 async def observe(
     checked: Checked,
     pods: list[PodInfo],
-    snapshot: Snapshot,
+    cycle: Cycle,
     services: Services,
     held: Held,
     now: float,
 ) -> WorkloadSignals:
     """The workload's signals: the shared snapshot joined to its pods, plus its own queue and
-    wake queries, if it has them, and the requests the activator holds for it."""
+    wake queries, if it has them, and the requests the activator holds for it. While
+    Prometheus answers nothing those queries are not sent: each would fail too, after the
+    timeout, and a round of them held up every decision."""
     spec, queries, source = checked.spec, checked.queries, services.metrics
-    custom = await read_custom_queue(source, queries.queue) if queries.queue else None
+    down = cycle.prometheus.down
+    custom: PodSamples | Problem | None = None
+    if queries.queue:
+        custom = down.problem if down else await read_custom_queue(source, queries.queue)
     wake, wake_signal = None, "wakeQuery"
     if spec.scale_to_zero.enabled:
-        query = await source.scalar(queries.wake) if queries.wake else None
+        query: tuple[float | None, Problem | None] | None = None
+        if queries.wake:
+            query = (None, down.problem) if down else await source.scalar(queries.wake)
         activator = spec.scale_to_zero.activator
         wake = wake_demand(activator, held, services.routes.activators(), query)
         if activator.enabled and (query is None or query[1] is None):
             wake_signal = ACTIVATOR_SIGNAL
     return workload_signals(
-        spec, pods, snapshot, now, custom_queue=custom, wake=wake, wake_signal=wake_signal
+        spec, pods, cycle.snapshot, now, custom_queue=custom, wake=wake, wake_signal=wake_signal
     )
 
 

@@ -85,6 +85,17 @@ class OperatorSettings:
         return max(120.0, 4 * self.sync_period_seconds)
 
     @property
+    def outage_grace_seconds(self) -> float:
+        """How long Prometheus may answer nothing before every workload's status says so: four
+        sync periods, so a restart or a brief flap writes no status (docs/operations.md)."""
+        return 4 * self.sync_period_seconds
+
+    @property
+    def outage_spread_seconds(self) -> float:
+        """Over how long the workloads' statuses follow either end of an outage."""
+        return 2 * self.sync_period_seconds
+
+    @property
     def decide_every(self) -> int:
         """Reads per sync period: an unchanged workload decides on every this many."""
         return int(self.sync_period_seconds // self.read_period)

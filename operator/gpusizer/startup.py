@@ -24,12 +24,14 @@ from gpusizer.measurement import Measurer
 from gpusizer.memory import Memory
 from gpusizer.peering import report_peering
 from gpusizer.reconcile import Services
+from gpusizer.report.turn import OutageDamping
 from gpusizer.report.writer import StatusWriter
 from gpusizer.rightsizing import RightSizer
 from gpusizer.settings import OperatorSettings
 from gpusizer.signals.autoscalers import AutoscalerLister, TargetKey
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import OfferCache
+from gpusizer.signals.health import PrometheusHealth
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import HistoryCache, LedgerCache, SnapshotReader
 from gpusizer.workload import Workload
@@ -110,6 +112,7 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
             surprise_share=config.prediction_tolerance,
         ),
         tenancy=config.tenancy,
+        damping=OutageDamping(config.outage_grace_seconds, config.outage_spread_seconds),
     )
     # the HPAs and ScaledObjects are listed once per sync period, not at every read: that
     # check is no more urgent than the decisions of workloads that did not change
@@ -126,7 +129,9 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
         slow_every_seconds=config.rightsizing_period_seconds,
     )
     clock = CycleClock(
-        functools.partial(fetch_cycle, reader, functools.partial(autoscalers.get, None)),
+        functools.partial(
+            fetch_cycle, reader, PrometheusHealth(), functools.partial(autoscalers.get, None)
+        ),
         config.read_period,
         decide_every=config.decide_every,
     )

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,6 +32,15 @@ QUERY_ERRORS = Counter(
     "gpusizer_prometheus_query_errors_total",
     "Failed Prometheus queries, by signal and reason.",
     ["signal", "reason"],
+)
+PROMETHEUS_AVAILABLE = Gauge(
+    "gpusizer_prometheus_available",
+    "0 while Prometheus answers none of the operator's queries (every workload holds its "
+    "replicas), else 1: the one signal of such an outage for the whole fleet.",
+)
+PROMETHEUS_OUTAGES = Counter(
+    "gpusizer_prometheus_outages",
+    "Times Prometheus stopped answering every query of a read.",
 )
 RECONCILE_SECONDS = Histogram(
     "gpusizer_reconcile_duration_seconds",

@@ -6,7 +6,7 @@ Pure: the caller writes the patch (`ports.StatusSink`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,28 @@ _VOLATILE = frozenset(
 STATUS_REFRESHES_PER_SECOND = 10.0
 
 
+@dataclass
+class RefreshBudget:
+    """Refreshes (readings rewritten while nothing material changed) across all workloads, at
+    most `per_second` on average: after an outage of Prometheus every workload's readings are
+    due at once, and they go out a few at a time rather than in one burst of writes."""
+
+    per_second: float = STATUS_REFRESHES_PER_SECOND
+    tokens: float = STATUS_REFRESHES_PER_SECOND
+    at: float | None = None
+
+    def take(self, now: float) -> bool:
+        """Whether a refresh may go out at `now` (one is counted if so)."""
+        if self.at is not None:
+            earned = max(0.0, now - self.at) * self.per_second
+            self.tokens = min(self.per_second, self.tokens + earned)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
 def refresh_seconds(minimum: float, workloads: int) -> float:
     """How old written readings may get before they are refreshed: `minimum`, or longer when
     there are so many workloads that refreshing each that often would flood the API server
@@ -162,7 +184,11 @@ def refresh_seconds(minimum: float, workloads: int) -> float:
 
 
 def status_patch(
-    old: Mapping[str, Any] | None, new: Mapping[str, Any], now: float, refresh_seconds: float
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    now: float,
+    refresh_seconds: float,
+    may_refresh: Callable[[], bool] = lambda: True,
 ) -> dict[str, Any]:
     """The fields of `new` that differ from `old`; empty when nothing material changed.
 
@@ -172,19 +198,21 @@ def status_patch(
     PATCH per workload per cycle. They go out with any material change, or once the written
     observation is `refresh_seconds` old. A reading that becomes known or unknown is material:
     the observation would otherwise say "no utilisation" for up to a refresh period after the
-    first samples arrived."""
+    first samples arrived (a turn that sets no observation leaves the written one as it is).
+    `may_refresh` is asked only when a refresh is due, and may refuse."""
     old = old or {}
     changed = {key: value for key, value in new.items() if old.get(key) != value}
     if not changed:
         return {}
-    material = _known_readings(old.get("observation")) != _known_readings(
-        new.get("observation")
+    material = (
+        "observation" in new
+        and _known_readings(old.get("observation")) != _known_readings(new["observation"])
     ) or any(
         key not in _VOLATILE
         and (key != "conditions" or _without_messages(old.get(key)) != _without_messages(value))
         for key, value in changed.items()
     )
-    if material or _observed_before(old, now - refresh_seconds):
+    if material or (_observed_before(old, now - refresh_seconds) and may_refresh()):
         return changed
     return {}
 

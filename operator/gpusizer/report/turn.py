@@ -5,6 +5,7 @@ something material changed.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,15 +17,40 @@ from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import (
     ConditionState,
+    RefreshBudget,
     flipped,
     merge_conditions,
     refresh_seconds,
     status_json,
     status_patch,
 )
+from gpusizer.signals.health import Outage, PrometheusState
 from gpusizer.signals.join import WorkloadSignals
 from gpusizer.signals.parse import PodKey
+from gpusizer.timefmt import parse_time
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
+
+
+@dataclass(frozen=True)
+class OutageDamping:
+    """How slowly the workloads' statuses follow an outage of Prometheus (signals.health):
+    MetricsAvailable turns False once the outage has lasted `grace_seconds`, and back to True
+    within `spread_seconds` of its end, each workload at an offset of its own within the spread
+    (the same in every process), with no Event either way. A short outage then writes nothing,
+    and neither end of a long one writes every workload at once."""
+
+    grace_seconds: float = 60.0
+    spread_seconds: float = 30.0
+
+    def offset(self, namespace: str, name: str) -> float:
+        return self.spread_seconds * zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
+
+    def shown(self, outage: Outage, namespace: str, name: str, now: float) -> bool:
+        """Whether this workload's status says the outage's present state (down or over)."""
+        offset = self.offset(namespace, name)
+        if outage.until is None:
+            return now >= outage.since + self.grace_seconds + offset
+        return now >= outage.until + offset
 
 
 @dataclass
@@ -39,12 +65,23 @@ class Report:
     a Warning for each that turns False, and nothing written unless something changed."""
 
     def __init__(
-        self, obj: WorkloadObject, workloads: int, refresh_minimum: float, now: float
+        self,
+        obj: WorkloadObject,
+        workloads: int,
+        refresh_minimum: float,
+        now: float,
+        prometheus: PrometheusState | None = None,
+        damping: OutageDamping | None = None,
+        budget: RefreshBudget | None = None,
     ) -> None:
         self._obj = obj
         self._old_conditions = obj.status.get("conditions")
         self._refresh = refresh_seconds(refresh_minimum, workloads)
         self._now = now
+        self._prometheus = prometheus or PrometheusState()
+        self._damping = damping or OutageDamping()
+        self._budget = budget or RefreshBudget()
+        self._outage_says_it = False  # MetricsAvailable follows an outage: no Event of its own
         self.events: list[EventIntent] = []
 
     def metrics_condition(
@@ -65,6 +102,7 @@ class Report:
                 f"{'; '.join(notes)}. Holding replicas: no scale-down or scale to zero on "
                 "unknown metrics",
             )
+        state = self._damped(state)
         if restricted and flipped(
             self._old_conditions,
             ConditionType.METRICS_AVAILABLE,
@@ -76,6 +114,30 @@ class Report:
             )
         return state
 
+    def _damped(self, state: ConditionState) -> ConditionState:
+        """MetricsAvailable around an outage of Prometheus: the False it causes shows only
+        after the grace, and goes back to True at this workload's offset after its end; until
+        then the condition stays as it was. Neither move posts an Event: the outage is said once
+        for the fleet."""
+        outage = self._prometheus.outage
+        shown = _condition(self._old_conditions, ConditionType.METRICS_AVAILABLE)
+        if outage is None or shown is None:
+            return state
+        old, since = shown
+        if outage.until is None:
+            if state.status is not False:
+                return state
+        elif not (
+            state.status is True
+            and old.status is False
+            and since is not None
+            and since >= outage.since
+        ):
+            return state  # known all along, or unknown for a reason of its own: said as usual
+        self._outage_says_it = True
+        obj = self._obj
+        return state if self._damping.shown(outage, obj.namespace, obj.name, self._now) else old
+
     def finish(
         self,
         status: Mapping[str, Any],
@@ -84,13 +146,23 @@ class Report:
     ) -> Outcome:
         """`status`: the WorkloadSizingStatus fields the turn sets (None deletes one)."""
         old = self._old_conditions
+        quiet = {ConditionType.METRICS_AVAILABLE} if self._outage_says_it else set()
         for state in conditions:
-            if state.status is False and flipped(old, state.type, False, state.reason):
+            if (
+                state.status is False
+                and state.type not in quiet
+                and flipped(old, state.type, False, state.reason)
+            ):
                 event = _warning_for(state)
                 if event is not None:
                     self.events.append(event)
         known = next((s for s in conditions if s.type == ConditionType.METRICS_AVAILABLE), None)
-        if known is not None and known.status and _was_false(old, known.type):
+        if (
+            known is not None
+            and known.status
+            and known.type not in quiet
+            and _was_false(old, known.type)
+        ):
             self.events.append(
                 EventIntent("Normal", EventReason.METRICS_RECOVERED, "all signals are known again")
             )
@@ -100,8 +172,31 @@ class Report:
         written = WorkloadSizingStatus(
             **status, observed_generation=obj.generation, conditions=merged
         )
-        patch = status_patch(obj.status, status_json(written), self._now, self._refresh)
+        patch = status_patch(
+            obj.status,
+            status_json(written),
+            self._now,
+            self._refresh,
+            # no refresh while Prometheus is out (there is nothing new to show), and few at a
+            # time once it is back (every workload's readings are due then)
+            lambda: self._prometheus.down is None and self._budget.take(self._now),
+        )
         return Outcome(status_patch=patch, events=self.events, pods=pods)
+
+
+def _condition(conditions: Any, type_: ConditionType) -> tuple[ConditionState, float | None] | None:
+    """The condition of `type_` in a status and its last transition, None if absent or not
+    one this operator wrote."""
+    for c in conditions or []:
+        if isinstance(c, Mapping) and c.get("type") == type_.value:
+            try:
+                reason = Reason(str(c.get("reason")))
+            except ValueError:
+                return None
+            status = {"True": True, "False": False}.get(str(c.get("status")))
+            state = ConditionState(type_, status, reason, str(c.get("message") or ""))
+            return state, parse_time(c.get("lastTransitionTime"))
+    return None
 
 
 def _was_false(conditions: Any, type_: ConditionType) -> bool:

@@ -1,0 +1,78 @@
+"""Whether Prometheus answers at all: one state for the whole fleet, judged at every full read.
+
+A full read in which every query failed is an outage of Prometheus itself, not of any one
+workload's signals. It is said once for the fleet (a log line when it begins and one when it
+ends, and the gauge `gpusizer_prometheus_available`); the workloads hold their replicas at
+once and their statuses follow slowly (`report.turn.OutageDamping`), so that a Prometheus that
+flaps costs neither one Event nor one status write per workload per flap (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gpusizer.report import metrics
+from gpusizer.signals.parse import Problem
+from gpusizer.signals.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Prometheus not answering: the first failure of the first full read that failed whole."""
+
+    problem: Problem
+    since: float  # wall clock of that read
+    until: float | None = None  # of the first full read answered again; None while it lasts
+
+
+@dataclass(frozen=True)
+class PrometheusState:
+    """What a cycle carries about Prometheus: the outage going on, else the last one."""
+
+    outage: Outage | None = None
+
+    @property
+    def down(self) -> Outage | None:
+        """The outage going on, if any."""
+        return self.outage if self.outage is not None and self.outage.until is None else None
+
+
+def failed_whole(snapshot: Snapshot) -> Problem | None:
+    """The first failure of a full read in which every query failed; None if any answered."""
+    if not snapshot.full or snapshot.signals or not snapshot.errors:
+        return None
+    return next(iter(snapshot.errors.values()))
+
+
+class PrometheusHealth:
+    """Follows the full reads; says so once when Prometheus stops answering and once when it
+    answers again."""
+
+    def __init__(self) -> None:
+        self.state = PrometheusState()
+        metrics.PROMETHEUS_AVAILABLE.set(1)
+
+    def observe(self, snapshot: Snapshot) -> PrometheusState:
+        if not snapshot.full:
+            return self.state
+        problem, down = failed_whole(snapshot), self.state.down
+        if problem is not None and down is None:
+            self.state = PrometheusState(Outage(problem, snapshot.time))
+            metrics.PROMETHEUS_AVAILABLE.set(0)
+            metrics.PROMETHEUS_OUTAGES.inc()
+            log.warning(
+                "Prometheus is unavailable, every query of the read failed (%s: %s): every "
+                "workload holds its replicas until it answers",
+                problem.reason.value,
+                problem.message,
+            )
+        elif problem is None and down is not None:
+            self.state = PrometheusState(Outage(down.problem, down.since, snapshot.time))
+            metrics.PROMETHEUS_AVAILABLE.set(1)
+            log.warning(
+                "Prometheus answers again after %.0fs unavailable", snapshot.time - down.since
+            )
+        return self.state

@@ -1,0 +1,205 @@
+"""An outage of Prometheus itself is one signal for the fleet, not a storm: a fleet of workloads
+is run turn by turn through outages, its statuses fed back from its own patches, and the Events
+and status writes counted."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from typing import Any
+
+import pytest
+from gpusizer.clock import Cycle
+from gpusizer.cluster import ClusterView
+from gpusizer.memory import Memory
+from gpusizer.reconcile import Services, reconcile
+from gpusizer.report import metrics
+from gpusizer.report.status import RefreshBudget
+from gpusizer.report.turn import OutageDamping
+from gpusizer.signals.health import Outage, PrometheusHealth, PrometheusState, failed_whole
+from gpusizer.signals.snapshot import Snapshot
+from gpusizer.timefmt import iso
+
+from tests.fakes import FakeMetrics, FakeTargets, services, workload
+from tests.unit.test_reconcile import DOWN, NOW, NS, pod, snapshot, spec, target
+
+SYNC = 5.0
+DAMPING = OutageDamping(grace_seconds=4 * SYNC, spread_seconds=2 * SYNC)
+
+
+@dataclasses.dataclass
+class Fleet:
+    """`size` workloads at 70 % on two replicas each, decided once per sync period."""
+
+    size: int
+    spec: dict[str, Any] = dataclasses.field(default_factory=spec)
+    statuses: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    patches: list[tuple[float, str, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    events: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)
+    health: PrometheusHealth = dataclasses.field(default_factory=PrometheusHealth)
+    metrics: FakeMetrics = dataclasses.field(default_factory=FakeMetrics)
+
+    def __post_init__(self) -> None:
+        self.names = [f"w{i:03d}" for i in range(self.size)]
+        self.pods = {
+            n: [pod(f"{n}-0", labels={"app": n}), pod(f"{n}-1", labels={"app": n})]
+            for n in self.names
+        }
+        targets = FakeTargets({(NS, n): target(selector=f"app={n}") for n in self.names})
+        self.targets = targets
+        self.view = ClusterView({NS: [p for pods in self.pods.values() for p in pods]}, {})
+        self.services: Services = dataclasses.replace(
+            services(self.metrics, targets), damping=DAMPING, refresh_budget=RefreshBudget()
+        )
+        self.memory = Memory()
+
+    async def period(self, now: float, prometheus_up: bool) -> None:
+        """One full read, then every workload's turn on it."""
+        pods = [p for ps in self.pods.values() for p in ps]
+        read = dataclasses.replace(snapshot(70.0 if prometheus_up else None, pods), time=now)
+        cycle = Cycle(
+            read, autoscalers={}, workloads=self.size, prometheus=self.health.observe(read)
+        )
+        for name in self.names:
+            obj = workload(
+                {**self.spec, "targetRef": {"name": name}},
+                self.statuses.get(name, {}),
+                name=name,
+                namespace=NS,
+            )
+            outcome = await reconcile(obj, self.view, cycle, self.services, self.memory, now)
+            self.events += [(now, name, e.reason.value) for e in outcome.events]
+            if outcome.status_patch:
+                self.patches.append((now, name, outcome.status_patch))
+                merged = {**self.statuses.get(name, {}), **outcome.status_patch}
+                self.statuses[name] = {k: v for k, v in merged.items() if v is not None}
+
+    async def run(self, start: float, seconds: float, down: list[tuple[float, float]]) -> None:
+        t = start
+        while t < start + seconds:
+            up = not any(a <= t < b for a, b in down)
+            await self.period(t, up)
+            t += SYNC
+
+    def metrics_flips(self, since: float = 0.0) -> list[tuple[float, str, str]]:
+        """(time, workload, new status) of every patch that moved MetricsAvailable."""
+        flips, shown = [], dict.fromkeys(self.names, "True")
+        for t, name, patch in self.patches:
+            for c in patch.get("conditions") or []:
+                if c["type"] == "MetricsAvailable" and c["status"] != shown[name]:
+                    shown[name] = c["status"]
+                    if t >= since:
+                        flips.append((t, name, c["status"]))
+        return flips
+
+
+def transitions(fleet: Fleet, name: str, since: float) -> list[str]:
+    """The MetricsAvailable statuses a workload's patches moved it to, in order."""
+    return [status for _, n, status in fleet.metrics_flips(since) if n == name]
+
+
+async def test_a_flapping_prometheus_writes_no_condition_and_posts_no_event() -> None:
+    fleet = Fleet(size=40)
+    await fleet.run(NOW, 60, down=[])  # settled: every status written once
+    start = NOW + 60
+    # down 15 s out of every 25 s, for five minutes: each outage is shorter than the grace
+    outages = [(start + k * 25, start + k * 25 + 15) for k in range(12)]
+    await fleet.run(start, 300, down=outages)
+    assert fleet.metrics_flips(start) == []
+    assert [e for e in fleet.events if e[0] >= start] == []
+    # what is written meanwhile is the readings' refresh, once a minute per workload at most
+    assert len([t for t, _, _ in fleet.patches if t >= start]) <= fleet.size * (300 / 60 + 1)
+    assert metrics.PROMETHEUS_OUTAGES._value.get() >= 12  # one per flap, said for the fleet
+
+
+async def test_a_long_outage_flips_each_workload_once_each_way_spread_out() -> None:
+    fleet = Fleet(size=40)
+    await fleet.run(NOW, 60, down=[])
+    start, end = NOW + 60, NOW + 180
+    await fleet.run(start, 240, down=[(start, end)])
+    for name in fleet.names:
+        assert transitions(fleet, name, start) == ["False", "True"], name
+    assert [e for e in fleet.events if e[0] >= start] == [], "no Event per workload"
+    downs = Counter(t for t, _, s in fleet.metrics_flips(start) if s == "False")
+    ups = Counter(t for t, _, s in fleet.metrics_flips(start) if s == "True")
+    assert min(downs) >= start + DAMPING.grace_seconds
+    assert max(downs) <= start + DAMPING.grace_seconds + DAMPING.spread_seconds + SYNC
+    assert max(ups) <= end + DAMPING.spread_seconds + SYNC
+    # neither end writes the fleet in one round of decisions
+    assert max(downs.values()) < fleet.size and max(ups.values()) < fleet.size
+    # while it lasts, one status patch per workload (its flip); after it, the readings go out
+    # at the budget's pace
+    during = [n for t, n, _ in fleet.patches if start <= t < end]
+    assert len(during) == fleet.size
+    after = [n for t, n, _ in fleet.patches if t >= end]
+    assert len(after) <= fleet.size + RefreshBudget().per_second * (240 - 120)
+
+
+async def test_a_workload_unknown_for_its_own_reasons_recovers_with_an_event() -> None:
+    """Its False predates the outage: the outage's end is not what brings it back."""
+    fleet = Fleet(size=1)
+    name = fleet.names[0]
+    before = {
+        "type": "MetricsAvailable",
+        "status": "False",
+        "reason": "NoSamples",
+        "message": "gpuUtilization: NoSamples: no sample for 2 of 2 ready pod(s)",
+        "lastTransitionTime": iso(NOW - 600),
+    }
+    fleet.statuses[name] = {"conditions": [before]}
+    ended = PrometheusState(Outage(DOWN, since=NOW - 300, until=NOW - 1))
+    read = dataclasses.replace(snapshot(70.0, fleet.pods[name]), time=NOW)
+    cycle = Cycle(read, autoscalers={}, workloads=1, prometheus=ended)
+    obj = workload({**fleet.spec, "targetRef": {"name": name}}, fleet.statuses[name], name=name)
+    outcome = await reconcile(obj, fleet.view, cycle, fleet.services, fleet.memory, NOW)
+    assert [e.reason.value for e in outcome.events] == ["MetricsRecovered"]
+    shown = [c for c in outcome.status_patch["conditions"] if c["type"] == "MetricsAvailable"]
+    assert shown[0]["status"] == "True"
+
+
+async def test_the_workloads_own_queries_wait_for_prometheus() -> None:
+    wake = 'sum(gateway_pending_requests{namespace="llm",service="chat"})'
+    fleet = Fleet(
+        size=3,
+        spec=spec(replicas={"min": 0}, scaleToZero={"enabled": True, "wakeQuery": wake}),
+    )
+    await fleet.run(NOW, 10, down=[])
+    asked = len([a for a in fleet.metrics.asked if a[0] == "scalar"])
+    assert asked > 0
+    await fleet.run(NOW + 10, 30, down=[(NOW + 10, NOW + 40)])
+    assert len([a for a in fleet.metrics.asked if a[0] == "scalar"]) == asked
+
+
+def test_the_refresh_budget_lets_out_its_rate_whatever_is_due() -> None:
+    budget = RefreshBudget(per_second=10)
+    taken = sum(budget.take(NOW + i * 0.01) for i in range(1000))  # 10 s, 1,000 due
+    assert 100 <= taken <= 110
+
+
+def test_prometheus_health_is_said_once_at_each_end(caplog: pytest.LogCaptureFixture) -> None:
+    health = PrometheusHealth()
+    up = snapshot(70.0, [pod("chat-0")])
+    down = snapshot(None, [pod("chat-0")])
+    moved = dataclasses.replace(up, full=False)
+    caplog.set_level(logging.WARNING, "gpusizer.signals.health")
+    states = [
+        health.observe(dataclasses.replace(s, time=NOW + i))
+        for i, s in enumerate([up, down, down, moved, down, up, up])
+    ]
+    assert [s.down is not None for s in states] == [False, True, True, True, True, False, False]
+    assert states[-1].outage is not None and states[-1].outage.until == NOW + 5
+    assert states[1].outage is not None and states[1].outage.problem == DOWN
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "Prometheus is unavailable" in lines[0] and "PrometheusUnreachable" in lines[0]
+    assert "answers again after 4s" in lines[1]
+    assert metrics.PROMETHEUS_AVAILABLE._value.get() == 1
+
+
+def test_a_read_that_answered_anything_is_no_outage() -> None:
+    partly = snapshot(70.0, [pod("chat-0")])
+    partly.errors["queue:vllm"] = DOWN
+    assert failed_whole(partly) is None
+    assert failed_whole(Snapshot(NOW)) is None  # asked nothing: says nothing
+    assert failed_whole(snapshot(None, [])) == DOWN
