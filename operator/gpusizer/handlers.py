@@ -8,6 +8,7 @@ rather than from import time, and the runtime arrives through kopf's memo.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -95,10 +96,11 @@ def register(settings: OperatorSettings) -> None:
         return {name: info} if info.allocatable else None
 
     # One daemon per WorkloadSizing, woken by the shared cycle clock rather than a timer of its
-    # own: kopf starts it once its indexes are filled and stops it when the object goes or
-    # when peering pauses this replica, so the clock only ever drives objects this replica
-    # may act on. A decision under way when it is stopped finishes (`cancellation_backoff`);
-    # one that fails unexpectedly is retried at the next period (`backoff`).
+    # own: kopf starts it once its indexes are filled and stops it when peering pauses this
+    # replica, so the clock only ever drives objects this replica may act on; the object's
+    # DELETED event stops it (`without_finalizer`). A decision under way when it is stopped
+    # finishes (`cancellation_backoff`); one that fails unexpectedly is retried at the next
+    # period (`backoff`).
     @kopf.daemon(
         GROUP,
         VERSION,
@@ -132,7 +134,9 @@ def register(settings: OperatorSettings) -> None:
         runtime: startup.Runtime = memo.runtime
         workload = Workload(namespace, name, body, logger)
         runtime.workloads[(namespace, name)] = workload
-        stop = asyncio.ensure_future(stopped.wait())
+        uid = str(body.meta.uid)
+        gone = runtime.departures.watch(uid)
+        stop = asyncio.ensure_future(stopped_or_gone(stopped, gone))
         try:
             await workload.follow(
                 runtime.clock,
@@ -146,6 +150,9 @@ def register(settings: OperatorSettings) -> None:
             stop.cancel()
             if runtime.workloads.get((namespace, name)) is workload:
                 del runtime.workloads[(namespace, name)]
+            runtime.departures.release(uid, gone)
+
+    without_finalizer("size_workload")
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
     async def workload_event(
@@ -153,15 +160,19 @@ def register(settings: OperatorSettings) -> None:
         type: str,
         name: str,
         namespace: str | None,
+        uid: str | None,
         event: kopf.RawEvent,
         memo: kopf.Memo,
         **_: Any,
     ) -> None:
         """Every event of a WorkloadSizing: its body loses what kopf need not keep, its
         daemon is asked at the next read whether its spec changed, an activator's push asks
-        for a turn at once, and a deleted one's series and remembered state go."""
+        for a turn at once, and a deleted one takes no more turns, and its series and
+        remembered state go."""
         drop_managed_fields(event)
         if type == "DELETED" and namespace:
+            if uid:
+                memo.runtime.departures.departed(uid)
             metrics.WORKLOADS.forget(namespace, name)
             memo.runtime.memory.forget(namespace, name)
         elif namespace:
@@ -170,3 +181,25 @@ def register(settings: OperatorSettings) -> None:
             memo.runtime.activator_pushed(namespace, name, annotations)
 
     partitioning.register(settings)
+
+
+def without_finalizer(daemon_id: str) -> None:
+    """kopf puts a finalizer on every object a daemon runs for, to stop the daemon before the
+    object goes. A WorkloadSizing holds nothing to clean up, and that finalizer held it, and on
+    `kubectl delete -k deploy/` its CRD, in Terminating whenever no operator ran or could still
+    act (docs/operations.md, "Uninstall"). The object's DELETED event stops the daemon instead
+    (`Departures`), and kopf takes the finalizer off objects that still carry one."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if h.id == daemon_id else h
+        for h in spawning._handlers
+    ]
+
+
+async def stopped_or_gone(stopped: kopf.DaemonStopped, gone: asyncio.Future[None]) -> None:
+    """Returns when kopf stops the daemon or the object is deleted."""
+    waiting = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()

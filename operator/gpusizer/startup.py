@@ -34,7 +34,7 @@ from gpusizer.signals.discovery import OfferCache
 from gpusizer.signals.health import PrometheusHealth
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import HistoryCache, LedgerCache, SnapshotReader
-from gpusizer.workload import Workload
+from gpusizer.workload import Departures, Workload
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class Runtime:
     status_writer: StatusWriter
     clock: CycleClock
     executor: ThreadPoolExecutor
+    departures: Departures = field(default_factory=Departures)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     watching: threading.Event = field(default_factory=threading.Event)  # set: watches stop
     # the workloads this process decides, for the pushes that ask for a turn at once

@@ -22,8 +22,47 @@ from gpusizer.reconcile import Services, reconcile
 from gpusizer.report import metrics
 from gpusizer.report.status import StatusOverlay
 from gpusizer.report.turn import Outcome
-from gpusizer.report.writer import StatusNotWritten
+from gpusizer.report.writer import StatusNotWritten, WorkloadGone
 from gpusizer.signals.parse import PodKey
+
+
+class Departures:
+    """WorkloadSizings deleted while their daemons run. kopf stops a daemon before its object
+    goes only through a finalizer, which WorkloadSizings do not carry (handlers.py): their
+    DELETED event ends their turns instead."""
+
+    # deleted before their daemon first ran (created and deleted at once): remembered, the
+    # latest few, so that the daemon does not take a turn on a deleted object
+    EARLY_DEPARTURES = 1000
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._early: dict[str, None] = {}
+
+    def watch(self, uid: str) -> asyncio.Future[None]:
+        """Done when the object with this uid is deleted."""
+        gone = self._waiting.get(uid)
+        if gone is None:
+            gone = self._waiting[uid] = asyncio.get_running_loop().create_future()
+            if uid in self._early:
+                del self._early[uid]
+                gone.set_result(None)
+        return gone
+
+    def departed(self, uid: str) -> None:
+        gone = self._waiting.pop(uid, None)
+        if gone is None:
+            self._early[uid] = None
+            if len(self._early) > self.EARLY_DEPARTURES:
+                del self._early[next(iter(self._early))]
+        elif not gone.done():
+            gone.set_result(None)
+
+    def release(self, uid: str, gone: asyncio.Future[None]) -> None:
+        """The daemon that watched with `gone` stopped for another reason (paused behind a
+        peer, exiting)."""
+        if self._waiting.get(uid) is gone:
+            del self._waiting[uid]
 
 
 @dataclass
@@ -82,10 +121,10 @@ class Workload:
         memory: Memory,
         writer: StatusSink,
     ) -> None:
-        """Decides on every cycle until `until` is done. A cycle is let go once decided on,
-        before the status is written: while thousands of workloads first start, their status
-        writes queue for the worker threads, and each decision waiting for its own kept a
-        cycle's snapshot alive (bench/README.md)."""
+        """Decides on every cycle until `until` is done, or the object is found gone. A cycle
+        is let go once decided on, before the status is written: while thousands of workloads
+        first start, their status writes queue for the worker threads, and each decision
+        waiting for its own kept a cycle's snapshot alive (bench/README.md)."""
         with clock.listening():
             cycles = clock.cycles(
                 until=until,
@@ -98,8 +137,13 @@ class Workload:
             async for cycle in cycles:
                 outcome = await self.decide(cycle, view, services, memory)
                 del cycle  # nor kept while waiting for the next (CycleClock.cycles)
-                if outcome is not None:
+                if outcome is None:
+                    continue
+                try:
                     await self.report(outcome, writer)
+                except WorkloadGone:
+                    self.logger.info("deleted: it takes no more turns")
+                    return
 
     async def decide(
         self, cycle: Cycle, view: ClusterView, services: Services, memory: Memory
@@ -148,6 +192,8 @@ class Workload:
         outgoing = self.status.outgoing(patch)
         try:
             written = await writer.write(self.namespace, self.name, outgoing)
+        except WorkloadGone:
+            raise
         except StatusNotWritten as exc:
             self.status.failed(outgoing)
             self.logger.warning(

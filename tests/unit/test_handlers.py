@@ -5,17 +5,27 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
 import kopf
+import pytest
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
-from gpusizer.handlers import DECISION_GRACE_SECONDS, register
+from gpusizer.clock import Cycle, CycleClock
+from gpusizer.handlers import DECISION_GRACE_SECONDS, register, stopped_or_gone
+from gpusizer.memory import Memory
 from gpusizer.settings import OperatorSettings, PrometheusSettings
-from kopf._cogs.structs import ephemera, references
+from gpusizer.startup import Runtime
+from gpusizer.workload import Departures
+from kopf._cogs.aiokits import aioenums
+from kopf._cogs.structs import ephemera, finalizers, references
+from kopf._core.actions import application
 from kopf._core.engines import indexing
 from kopf._core.intents.handlers import DaemonHandler, TimerHandler
 from kopf._core.reactor import inventory, processing
+
+from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, services
 
 
 def registered(sync_period_seconds: float = 15, partitioning: bool = True) -> kopf.OperatorRegistry:
@@ -196,3 +206,87 @@ def test_an_event_of_a_workload_has_the_clock_ask_it_at_the_next_read() -> None:
     assert clock.touched == [("ns", "chat"), ("ns", "chat")]
     # and the activator's records still reach the workload, at each event
     assert pushed == [("ns", "chat", {"gpusizer.io/paused": "false"})] * 2
+
+
+async def test_a_workload_carries_no_finalizer_and_its_deletion_ends_its_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Driven through kopf's own event processing with the handlers `gpusizer run` registers:
+    kopf would put a finalizer on the object (or keep an old one), and a deleted object's
+    daemon would go on without one."""
+    registry = registered(partitioning=False)
+    assert [h.requires_finalizer for h in registry._spawning.get_all_handlers()] == [False]
+    patches: list[Any] = []
+
+    async def recorded(*, patch: Any, **_: Any) -> tuple[bool, str | None, None]:
+        if patch:
+            patches.append(patch)
+        return True, None, None
+
+    monkeypatch.setattr(application, "apply", recorded)
+    runtime = Runtime(
+        services(FakeMetrics(), FakeTargets()),
+        Memory(),
+        FakeStatus(),  # type: ignore[arg-type]  # a StatusSink, as the runtime's writer is
+        CycleClock(never_fetched, period_seconds=3600),
+        ThreadPoolExecutor(max_workers=1),
+    )
+    memobase = ephemera.Memo()
+    memobase.runtime = runtime
+    indexers = indexing.OperatorIndexers()
+    indexers.ensure(registry._indexing.get_all_handlers())
+    memories = inventory.ResourceMemories()
+    settings = kopf.OperatorSettings()
+
+    async def event(kind: str | None, body: dict[str, Any]) -> None:
+        await processing.process_resource_event(
+            lifecycle=kopf.lifecycles.all_at_once,
+            indexers=indexers,
+            registry=registry,
+            settings=settings,
+            memories=memories,
+            memobase=memobase,
+            resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
+            raw_event={"type": kind, "object": body},  # type: ignore[arg-type]
+            event_queue=asyncio.Queue(),
+        )
+
+    body = workload_body("1", finalizer="")
+    body["metadata"]["finalizers"] = []
+    await event(None, body)
+    daemons = (await memories.recall(body)).daemons_memory.running_daemons
+    assert len(daemons) == 1, "the daemon runs without a finalizer"
+    task = next(iter(daemons.values())).task
+    assert patches == [], "kopf added a finalizer"
+
+    old = workload_body("2", finalizer=settings.persistence.finalizer)
+    await event("MODIFIED", old)  # an object from an operator that put one on
+    assert [fn.func for fn in patches[-1].fns] == [finalizers.allow_deletion], "kept it"
+
+    await event("DELETED", old)
+    await asyncio.wait_for(task, timeout=10)  # its turns ended with the object
+
+
+async def never_fetched() -> Cycle:
+    raise AssertionError("no cycle is fetched here")
+
+
+async def test_departures_end_the_right_daemon() -> None:
+    departures = Departures()
+    first = departures.watch("u1")
+    assert departures.watch("u1") is first
+    departures.release("u1", first)  # paused behind a peer
+    second = departures.watch("u1")  # resumed
+    departures.release("u1", first)  # the first daemon's late cleanup takes nothing
+    departures.departed("u1")
+    assert second.done() and not first.done()
+    departures.departed("u2")  # created and deleted before its daemon first ran
+    assert departures.watch("u2").done()
+    assert not departures.watch("u3").done()
+    stopped = aioenums.AsyncFlagWaiter(aioenums.FlagSetter[kopf.DaemonStoppingReason]())
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(stopped_or_gone(stopped, gone))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    gone.set_result(None)
+    await asyncio.wait_for(waiting, timeout=5)

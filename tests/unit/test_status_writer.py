@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import urllib3
-from gpusizer.report.writer import StatusNotWritten, StatusWriter
+from gpusizer.report.writer import StatusNotWritten, StatusWriter, WorkloadGone
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -64,3 +64,16 @@ async def test_the_status_as_the_api_server_keeps_it_is_returned() -> None:
             {"status": {"currentReplicas": 2}},
         )
     ]
+
+
+async def test_a_workload_that_is_gone_says_so() -> None:
+    """Its deletion was missed (during a watch's outage): its turns end on this."""
+    with pytest.raises(WorkloadGone):
+        await writer_failing_with(ApiException(status=404, reason="Not Found")).write(
+            "llm", "chat", {"currentReplicas": 2}
+        )
+    with pytest.raises(StatusNotWritten) as raised:
+        await writer_failing_with(ApiException(status=409, reason="Conflict")).write(
+            "llm", "chat", {"currentReplicas": 2}
+        )
+    assert not isinstance(raised.value, WorkloadGone)

@@ -14,6 +14,7 @@ from gpusizer.memory import Memory
 from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
 from gpusizer.report.turn import Outcome
+from gpusizer.report.writer import WorkloadGone
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.workload import Workload
 
@@ -180,3 +181,47 @@ async def test_a_spec_change_is_decided_on_at_the_next_read_after_its_event() ->
     await asyncio.wait_for(workload.decided_twice.wait(), timeout=10)
     stop.set_result(None)
     await asyncio.wait_for(task, timeout=10)
+
+
+class GoneWriter:
+    """The WorkloadSizing was deleted while no watch said so."""
+
+    def __init__(self) -> None:
+        self.patches = 0
+
+    async def write(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches += 1
+        raise WorkloadGone("HTTP 404 Not Found")
+
+
+async def test_a_workload_found_gone_takes_no_more_turns() -> None:
+    async def no_fetch() -> Cycle:
+        raise AssertionError("cycles are published by the test")
+
+    clock = CycleClock(no_fetch, period_seconds=3600)
+    body = kopf.Body(
+        {
+            "metadata": {"generation": 1},
+            "spec": {
+                "targetRef": {"name": "chat"},
+                "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
+                "mode": "Off",
+            },
+        }
+    )
+    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
+    writer = GoneWriter()
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    await asyncio.wait_for(
+        Workload("ns", "chat", body, logger).follow(
+            clock,
+            never,
+            ClusterView({}, {}),
+            services(FakeMetrics(), FakeTargets()),
+            Memory(),
+            writer,
+        ),
+        timeout=10,
+    )
+    assert writer.patches == 1

@@ -25,11 +25,16 @@ async def _patched(call: Any, *args: Any) -> dict[str, Any]:
     try:
         written = await asyncio.to_thread(call, *args)
     except ApiException as exc:
-        raise StatusNotWritten(f"HTTP {exc.status} {exc.reason}") from exc
+        missing = WorkloadGone if exc.status == 404 else StatusNotWritten
+        raise missing(f"HTTP {exc.status} {exc.reason}") from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise StatusNotWritten(str(exc)) from exc
     status = written.get("status") if isinstance(written, Mapping) else None
     return dict(status) if isinstance(status, Mapping) else {}
+
+
+class WorkloadGone(StatusNotWritten):
+    """The object no longer exists (404): its deletion was missed, during a watch's outage."""
 
 
 class StatusWriter:
