@@ -54,6 +54,7 @@ func freePort() (int, error) {
 // child is one component process.
 type child struct {
 	name string
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
@@ -84,9 +85,17 @@ func (s *supervisor) start(name string, args ...string) (*child, error) {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
+	c := &child{name: name, args: args, cmd: cmd, done: make(chan struct{})}
 	s.mu.Lock()
-	s.children = append(s.children, c)
+	replaced := false
+	for i, old := range s.children {
+		if old.name == name {
+			s.children[i], replaced = c, true
+		}
+	}
+	if !replaced {
+		s.children = append(s.children, c)
+	}
 	s.mu.Unlock()
 	go func() {
 		c.err = cmd.Wait()
@@ -99,6 +108,13 @@ func (s *supervisor) start(name string, args ...string) (*child, error) {
 	}()
 	logf("started %s (pid %d), log %s", name, cmd.Process.Pid, logPath)
 	return c, nil
+}
+
+// restartRequested says whether a test asked for this component to be started again when it
+// exits (by writing DIR/restart/<name> before stopping it), and consumes the request.
+func (s *supervisor) restartRequested(c *child) bool {
+	err := os.Remove(filepath.Join(s.stateDir, "restart", c.name))
+	return err == nil
 }
 
 // stopAll stops the children in reverse start order: SIGTERM to the process
@@ -235,7 +251,7 @@ func up(stateDir, nodePoolsPath string, timeout time.Duration, clientQPS int) (r
 	if err != nil {
 		return err
 	}
-	for _, d := range []string{"logs", "home", "etcd"} {
+	for _, d := range []string{"logs", "home", "etcd", "restart"} {
 		if err := os.MkdirAll(filepath.Join(stateDir, d), 0o755); err != nil {
 			return err
 		}
@@ -305,8 +321,15 @@ func up(stateDir, nodePoolsPath string, timeout time.Duration, clientQPS int) (r
 		return err
 	}
 
-	// kube-apiserver
+	// kube-apiserver, with an audit log of the operator's writes
+	auditPolicy := filepath.Join(stateDir, "audit-policy.yaml")
+	if err := os.WriteFile(auditPolicy, []byte(auditPolicyYAML), 0o644); err != nil {
+		return err
+	}
 	apiserver, err := s.start("kube-apiserver",
+		"--audit-policy-file="+auditPolicy,
+		"--audit-log-path="+filepath.Join(stateDir, "logs", "audit.log"),
+		"--audit-log-format=json", "--audit-log-maxsize=0",
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports["apiserver"]),
 		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
@@ -486,13 +509,30 @@ func up(stateDir, nodePoolsPath string, timeout time.Duration, clientQPS int) (r
 	term := make(chan os.Signal, 2)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	var exitErr error
-	select {
-	case sig := <-term:
-		logf("got %v: stopping the cluster", sig)
-	case c := <-s.died:
-		exitErr = fmt.Errorf("%s exited unexpectedly (%v): stopping the cluster; see %s", c.name, c.err,
-			filepath.Join(stateDir, "logs", c.name+".log"))
-		logf("%v", exitErr)
+supervise:
+	for {
+		select {
+		case sig := <-term:
+			logf("got %v: stopping the cluster", sig)
+			break supervise
+		case c := <-s.died:
+			if s.restartRequested(c) {
+				logf("%s exited (%v) as requested: starting it again", c.name, c.err)
+				if _, err := s.start(c.name, c.args...); err != nil {
+					exitErr = err
+				} else if err := s.writePids(); err != nil {
+					exitErr = err
+				}
+				if exitErr == nil {
+					continue
+				}
+			} else {
+				exitErr = fmt.Errorf("%s exited unexpectedly (%v): stopping the cluster; see %s", c.name, c.err,
+					filepath.Join(stateDir, "logs", c.name+".log"))
+			}
+			logf("%v", exitErr)
+			break supervise
+		}
 	}
 	_ = os.Remove(filepath.Join(stateDir, "ready"))
 	s.stopAll(10 * time.Second)

@@ -25,6 +25,7 @@ _WORKLOAD = re.compile(
 
 _NAMESPACE = re.compile(r"^/v1/workloads/([a-z0-9][a-z0-9.-]*)$")
 _RESTART = re.compile(r"^/v1/pods/([a-z0-9][a-z0-9.-]*)/([a-z0-9][a-z0-9.-]*)/restart$")
+_NODE_SCRAPE = re.compile(r"^/v1/nodes/([a-z0-9][a-z0-9.-]*)/scrape$")
 
 
 NODE_METRICS = "/metrics/nodes/"
@@ -82,6 +83,7 @@ class GpusimServer(ThreadingHTTPServer):
         self.sim = sim
         self.exposition = CachedExposition(sim.view, options)
         self.parts = PartExpositions(sim.view, options)
+        self.scrape_down: set[str] = set()  # GPU nodes whose exporter answers 503
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(
@@ -129,7 +131,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path.startswith(NODE_METRICS):
             node = self.path[len(NODE_METRICS) :]
             body = self.server.parts.node(node)
-            if body is None:
+            if node in self.server.scrape_down:
+                self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"the exporter of {node} is down")
+            elif body is None:
                 self._error(HTTPStatus.NOT_FOUND, f"no GPU node {node!r}")
             else:
                 self._metrics(body)
@@ -138,6 +142,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path in ("/healthz", "/health"):
             self._send(200, b"ok\n", "text/plain")
         else:
+            namespace = _NAMESPACE.match(self.path)
+            if namespace is not None:
+                self._json(200, self.server.sim.describe_namespace(namespace.group(1)))
+                return
             match = _WORKLOAD.match(self.path)
             if match is None or match.group(3):
                 self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path}")
@@ -152,7 +160,26 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"forgotten": self.server.sim.forget_namespace(match.group(1))})
 
     def do_PUT(self) -> None:
-        self._write("/load")
+        scrape = _NODE_SCRAPE.match(self.path)
+        if scrape is not None:
+            self._scrape(scrape.group(1))
+        else:
+            self._write("/load")
+
+    def _scrape(self, node: str) -> None:
+        """A node's exporter down (its scrape answers 503) or up again."""
+        try:
+            up = self._body().get("up")
+            if not isinstance(up, bool):
+                raise BadRequest("up: required, true or false")
+        except BadRequest as err:
+            self._error(HTTPStatus.BAD_REQUEST, str(err))
+            return
+        if up:
+            self.server.scrape_down.discard(node)
+        else:
+            self.server.scrape_down.add(node)
+        self._json(200, {"node": node, "up": up})
 
     def do_POST(self) -> None:
         restart = _RESTART.match(self.path)
@@ -185,12 +212,18 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest("trace: required, a path to a trace file on the emulator's host")
             speedup = _number(body, "speedup", 1.0)
             scale = _number(body, "scale", 1.0)
+            offset = _number(body, "offsetSeconds", 0.0)
+            loop = body.get("loop", False)
             if speedup <= 0:
                 raise BadRequest("speedup: must be > 0")
             if scale < 0:
                 raise BadRequest("scale: must be >= 0")
+            if offset < 0:
+                raise BadRequest("offsetSeconds: must be >= 0")
+            if not isinstance(loop, bool):
+                raise BadRequest("loop: must be true or false")
             try:
-                seconds = self.server.sim.replay(key, Path(trace), speedup, scale)
+                seconds = self.server.sim.replay(key, Path(trace), speedup, scale, offset, loop)
             except (OSError, ValueError) as err:
                 raise BadRequest(f"trace: {err}") from err
             self._json(200, {**self.server.sim.describe(key), "replaySeconds": seconds})

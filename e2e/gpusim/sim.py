@@ -205,12 +205,31 @@ class Simulator:
         self.served.forget(namespace)
         return sorted(name for _, name in gone)
 
-    def replay(self, key: WorkloadKey, trace: Path, speedup: float, scale: float) -> float:
-        """Start a trace now; returns how long the replay lasts in wall seconds."""
+    def replay(
+        self,
+        key: WorkloadKey,
+        trace: Path,
+        speedup: float,
+        scale: float,
+        offset: float = 0.0,
+        loop: bool = False,
+    ) -> float:
+        """Start a trace now, `offset` seconds (of the trace) in; returns how long one pass
+        lasts in wall seconds."""
         parsed = load_trace(trace)
+        if offset >= parsed.duration:
+            raise ValueError(f"offsetSeconds {offset:g} is past the trace's {parsed.duration:g}s")
         with self._lock:
-            self.model.set_rate(key, TraceRate(parsed, self.clock(), speedup, scale))
-        return parsed.duration / speedup
+            rate = TraceRate(parsed, self.clock(), speedup, scale, offset, loop)
+            self.model.set_rate(key, rate)
+        return (parsed.duration - offset) / speedup
+
+    def describe_namespace(self, namespace: str) -> list[dict[str, Any]]:
+        """Every workload of a namespace with a demand or replicas, as `describe` has it."""
+        with self._lock:
+            keys = {k for k in self.model.workloads if k[0] == namespace}
+            keys |= {p.workload for p in self._pods.values() if p.namespace == namespace}
+        return [self.describe(key) for key in sorted(keys)]
 
     def describe(self, key: WorkloadKey) -> dict[str, Any]:
         with self._lock:

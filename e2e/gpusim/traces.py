@@ -80,7 +80,9 @@ def load_trace(path: Path) -> Trace:
 
 @dataclass(frozen=True)
 class TraceRate:
-    """A trace started at `start` (wall time), `speedup` times faster, counts times `scale`.
+    """A trace started at `start` (wall time), `speedup` times faster, counts times `scale`,
+    from `offset` seconds into the trace (its own time), and over again from its start when
+    `loop` is set (workloads replaying one trace, each shifted, for as long as a test runs).
 
     Arrivals are spread evenly inside each bin, so the rate is piecewise constant.
     """
@@ -89,6 +91,8 @@ class TraceRate:
     start: float
     speedup: float = 1.0
     scale: float = 1.0
+    offset: float = 0.0
+    loop: bool = False
 
     def _bin_end(self, i: int) -> float:
         starts = self.trace.starts
@@ -106,8 +110,25 @@ class TraceRate:
         fraction = min(1.0, (offset - starts[i]) / width)
         return done + self.trace.requests[i] * fraction
 
+    def _trace_time(self, t: float) -> float:
+        """Seconds of trace time replayed by wall time `t`, counted from the trace's start and
+        over all its loops."""
+        return max(0.0, (t - self.start) * self.speedup) + self.offset
+
+    def _requests_until(self, trace_time: float) -> float:
+        duration = self.trace.duration
+        if not self.loop:
+            return self._cumulative(trace_time)
+        loops, within = divmod(trace_time, duration)
+        return loops * self.trace.prefix[-1] + self._cumulative(within)
+
     def rate(self, t: float) -> float:
-        offset = (t - self.start) * self.speedup + self.trace.starts[0]
+        if t < self.start:
+            return 0.0
+        trace_time = self._trace_time(t)
+        if self.loop:
+            trace_time %= self.trace.duration
+        offset = trace_time + self.trace.starts[0]
         i = bisect.bisect_right(self.trace.starts, offset) - 1
         if i < 0 or offset >= self._bin_end(i):
             return 0.0
@@ -115,9 +136,9 @@ class TraceRate:
         return self.trace.requests[i] / width * self.speedup * self.scale
 
     def arrivals(self, t0: float, t1: float) -> float:
-        a = max(0.0, (t0 - self.start) * self.speedup)
-        b = max(0.0, (t1 - self.start) * self.speedup)
-        return (self._cumulative(b) - self._cumulative(a)) * self.scale
+        a = self._requests_until(self._trace_time(t0))
+        b = self._requests_until(self._trace_time(t1))
+        return (b - a) * self.scale
 
     def finished(self, t: float) -> bool:
-        return (t - self.start) * self.speedup >= self.trace.duration
+        return not self.loop and self._trace_time(t) >= self.trace.duration

@@ -177,6 +177,46 @@ def test_replay(api: Harness, tmp_path: Path) -> None:
     assert body["gatewayPending"] == pytest.approx(100.0)
 
 
+def test_replay_shifted_and_looped(api: Harness, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp_s,requests\n0,100\n10,0\n")
+    status, body = api.call(
+        "POST",
+        "/v1/workloads/llm/chat/replay",
+        {"trace": str(trace), "speedup": 10, "offsetSeconds": 10, "loop": True},
+    )
+    assert status == 200 and body["replaySeconds"] == pytest.approx(1.0)
+    assert body["requestsPerSecond"] == 0  # the idle bin first
+    api.advance(1)
+    status, body = api.call("GET", "/v1/workloads/llm/chat")
+    assert body["requestsPerSecond"] == pytest.approx(100.0) and body["replay"] is True
+    api.advance(5)
+    assert api.call("GET", "/v1/workloads/llm/chat")[1]["replay"] is True  # it loops
+
+
+def test_a_namespace_is_described_whole(api: Harness) -> None:
+    api.call("PUT", "/v1/workloads/llm/other/load", {"requestsPerSecond": 3})
+    status, body = api.call("GET", "/v1/workloads/llm")
+    assert status == 200
+    assert [(w["name"], w["requestsPerSecond"]) for w in body] == [("chat", 0.0), ("other", 3.0)]
+    assert [p["name"] for p in body[0]["pods"]] == ["chat-1"]
+    assert api.call("GET", "/v1/workloads/elsewhere") == (200, [])
+
+
+def test_a_node_exporter_goes_down_and_up(api: Harness) -> None:
+    assert api.call("GET", "/metrics/nodes/gpu-a")[0] == 200
+    assert api.call("PUT", "/v1/nodes/gpu-a/scrape", {"up": False}) == (
+        200,
+        {"node": "gpu-a", "up": False},
+    )
+    status, answer = api.call("GET", "/metrics/nodes/gpu-a")
+    assert status == 503 and "gpu-a" in answer["error"]
+    assert api.call("PUT", "/v1/nodes/gpu-a/scrape", {"up": True})[0] == 200
+    assert api.call("GET", "/metrics/nodes/gpu-a")[0] == 200
+    status, answer = api.call("PUT", "/v1/nodes/gpu-a/scrape", {"up": "no"})
+    assert status == 400 and answer["error"].startswith("up:")
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "field"),
     [
@@ -192,6 +232,13 @@ def test_replay(api: Harness, tmp_path: Path) -> None:
             {"trace": "/etc/hostname", "speedup": 0},
             "speedup",
         ),
+        (
+            "POST",
+            "/v1/workloads/llm/chat/replay",
+            {"trace": "/etc/hostname", "offsetSeconds": -1},
+            "offsetSeconds",
+        ),
+        ("POST", "/v1/workloads/llm/chat/replay", {"trace": "/x", "loop": 1}, "loop"),
     ],
 )
 def test_bad_requests_name_the_field(

@@ -158,6 +158,24 @@ def test_trace_spreads_arrivals_and_speeds_up(tmp_path: Path) -> None:
     assert scaled.arrivals(0, 180) == pytest.approx(90)
 
 
+def test_trace_shifted_and_looped(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp_s,requests\n0,60\n60,0\n120,120\n")
+    trace = load_trace(path)
+    shifted = TraceRate(trace, start=1000.0, speedup=2.0, offset=120)  # the last bin first
+    assert shifted.rate(1010) == pytest.approx(4.0)
+    assert shifted.arrivals(1000, 1030) == pytest.approx(120)
+    assert shifted.rate(1031) == 0 and shifted.finished(1030)
+    looped = TraceRate(trace, start=1000.0, speedup=2.0, offset=120, loop=True)
+    assert looped.rate(1031) == pytest.approx(2.0)  # back at the first bin
+    assert not looped.finished(10_000)
+    assert looped.arrivals(1000, 1030 + 3 * 90) == pytest.approx(120 + 3 * 180)
+    assert looped.arrivals(1000, 1100) + looped.arrivals(1100, 1300) == pytest.approx(
+        looped.arrivals(1000, 1300)
+    )
+    assert looped.rate(999) == 0 and looped.arrivals(900, 1000) == 0
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
