@@ -86,14 +86,16 @@ class OperatorSettings:
 
     @property
     def outage_grace_seconds(self) -> float:
-        """How long Prometheus may answer nothing before every workload's status says so: four
-        sync periods, so a restart or a brief flap writes no status (docs/operations.md)."""
-        return 4 * self.sync_period_seconds
+        """How long Prometheus may answer nothing before every workload's status says so:
+        twenty sync periods (5 minutes at the default, when GpusizerPrometheusUnavailable
+        fires), so a restart or a flap costs no status write per workload; the fleet-wide
+        signals say it at once (docs/operations.md)."""
+        return 20 * self.sync_period_seconds
 
     @property
     def outage_spread_seconds(self) -> float:
-        """Over how long the workloads' statuses follow either end of an outage."""
-        return 2 * self.sync_period_seconds
+        """Over how long, at least, the workloads' statuses follow either end of an outage."""
+        return 4 * self.sync_period_seconds
 
     @property
     def decide_every(self) -> int:

@@ -16,6 +16,7 @@ from gpusizer.policy.replicas import ReplicaDecision
 from gpusizer.report import metrics
 from gpusizer.report.events import EventIntent
 from gpusizer.report.status import (
+    STATUS_REFRESHES_PER_SECOND,
     ConditionState,
     RefreshBudget,
     flipped,
@@ -35,19 +36,22 @@ from gpusizer.vocabulary import ConditionType, EventReason, Reason
 class OutageDamping:
     """How slowly the workloads' statuses follow an outage of Prometheus (signals.health):
     MetricsAvailable turns False once the outage has lasted `grace_seconds`, and back to True
-    within `spread_seconds` of its end, each workload at an offset of its own within the spread
-    (the same in every process), with no Event either way. A short outage then writes nothing,
-    and neither end of a long one writes every workload at once."""
+    within the spread of its end, each workload at an offset of its own within the spread
+    (the same in every process), with no Event either way. The spread is `spread_seconds`, or
+    longer when there are so many workloads that it would be more than STATUS_REFRESHES_PER_
+    SECOND writes a second. A short outage then writes nothing, and neither end of a long one
+    writes every workload at once."""
 
-    grace_seconds: float = 60.0
-    spread_seconds: float = 30.0
+    grace_seconds: float = 300.0
+    spread_seconds: float = 60.0
 
-    def offset(self, namespace: str, name: str) -> float:
-        return self.spread_seconds * zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
+    def offset(self, namespace: str, name: str, workloads: int) -> float:
+        spread = max(self.spread_seconds, workloads / STATUS_REFRESHES_PER_SECOND)
+        return spread * zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
 
-    def shown(self, outage: Outage, namespace: str, name: str, now: float) -> bool:
+    def shown(self, outage: Outage, namespace: str, name: str, workloads: int, now: float) -> bool:
         """Whether this workload's status says the outage's present state (down or over)."""
-        offset = self.offset(namespace, name)
+        offset = self.offset(namespace, name, workloads)
         if outage.until is None:
             return now >= outage.since + self.grace_seconds + offset
         return now >= outage.until + offset
@@ -77,6 +81,7 @@ class Report:
         self._obj = obj
         self._old_conditions = obj.status.get("conditions")
         self._refresh = refresh_seconds(refresh_minimum, workloads)
+        self._workloads = workloads
         self._now = now
         self._prometheus = prometheus or PrometheusState()
         self._damping = damping or OutageDamping()
@@ -136,7 +141,8 @@ class Report:
             return state  # known all along, or unknown for a reason of its own: said as usual
         self._outage_says_it = True
         obj = self._obj
-        return state if self._damping.shown(outage, obj.namespace, obj.name, self._now) else old
+        shown_now = self._damping.shown(outage, obj.namespace, obj.name, self._workloads, self._now)
+        return state if shown_now else old
 
     def finish(
         self,
