@@ -57,6 +57,8 @@ class Memory:
     # what each workload's status says it measured, shared by those serving alike: refilled
     # from the statuses within a sync period of a restart
     throughput: ThroughputBook = field(default_factory=ThroughputBook)
+    # workloads whose last turn found a query failing: see first_failure
+    failing: set[tuple[str, str]] = field(default_factory=set)
 
     def forget(self, namespace: str, name: str) -> None:
         self.throughput.forget((namespace, name))
@@ -64,6 +66,21 @@ class Memory:
         self.specs.forget(namespace, name)
         self.watch_behind.pop((namespace, name), None)
         self.activator_ports.pop((namespace, name), None)
+        self.failing.discard((namespace, name))
+
+    def first_failure(self, namespace: str, name: str, failing: bool) -> bool:
+        """Whether this turn is the first of a run of turns whose queries fail. A query sent
+        just after Prometheus stopped answering fails before the next shared read can say the
+        outage is Prometheus's: the first failing turn holds the replicas without saying so in
+        the status, and the next says it, damped if the outage is Prometheus's (report.turn)."""
+        key = (namespace, name)
+        if not failing:
+            self.failing.discard(key)
+            return False
+        if key in self.failing:
+            return False
+        self.failing.add(key)
+        return True
 
     def watched_target(
         self, namespace: str, name: str, ref: TargetRef, view: ClusterView

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 # The observation and condition wording are rewritten at most this often without another change.
 STATUS_REFRESH_SECONDS = 60.0
+# Queries that failed, rather than answered without what was asked: Prometheus may be out.
+QUERY_FAILURES = frozenset({Reason.PROMETHEUS_UNREACHABLE, Reason.QUERY_ERROR})
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,11 @@ async def reconcile(
             ready = routed.problem
     elif obj.status.get("activator") is not None:
         status["activator"] = None  # the activator was turned off: its part of the status goes
+    failing = bool(signals.problems) and all(p.reason in QUERY_FAILURES for p in signals.problems)
+    first = memory.first_failure(obj.namespace, obj.name, failing)
     conditions = [
         ready,
-        report.metrics_condition(signals, decision, checked.queries.restricted),
+        report.metrics_condition(signals, decision, checked.queries.restricted, first),
         _scaled_to_zero(acted.current, decision, spec),
         _scaling_limited(decision),
     ]

@@ -18,14 +18,22 @@ from gpusizer.report import metrics
 from gpusizer.report.status import RefreshBudget
 from gpusizer.report.turn import OutageDamping
 from gpusizer.signals.health import Outage, PrometheusHealth, PrometheusState, failed_whole
+from gpusizer.signals.parse import Problem
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.timefmt import iso
+from gpusizer.vocabulary import Reason
 
 from tests.fakes import FakeMetrics, FakeTargets, services, workload
 from tests.unit.test_reconcile import DOWN, NOW, NS, pod, snapshot, spec, target
 
 SYNC = 5.0
 DAMPING = OutageDamping(grace_seconds=4 * SYNC, spread_seconds=2 * SYNC)
+
+
+def at(read: Snapshot, now: float) -> Snapshot:
+    """`read` as if taken at `now`, its samples as old as they were."""
+    signals = {k: dataclasses.replace(v, read_at=now) for k, v in read.signals.items()}
+    return dataclasses.replace(read, time=now, signals=signals)
 
 
 @dataclasses.dataclass
@@ -57,7 +65,7 @@ class Fleet:
     async def period(self, now: float, prometheus_up: bool) -> None:
         """One full read, then every workload's turn on it."""
         pods = [p for ps in self.pods.values() for p in ps]
-        read = dataclasses.replace(snapshot(70.0 if prometheus_up else None, pods), time=now)
+        read = at(snapshot(70.0 if prometheus_up else None, pods), now)
         cycle = Cycle(
             read, autoscalers={}, workloads=self.size, prometheus=self.health.observe(read)
         )
@@ -149,7 +157,7 @@ async def test_a_workload_unknown_for_its_own_reasons_recovers_with_an_event() -
     }
     fleet.statuses[name] = {"conditions": [before]}
     ended = PrometheusState(Outage(DOWN, since=NOW - 300, until=NOW - 1))
-    read = dataclasses.replace(snapshot(70.0, fleet.pods[name]), time=NOW)
+    read = at(snapshot(70.0, fleet.pods[name]), NOW)
     cycle = Cycle(read, autoscalers={}, workloads=1, prometheus=ended)
     obj = workload({**fleet.spec, "targetRef": {"name": name}}, fleet.statuses[name], name=name)
     outcome = await reconcile(obj, fleet.view, cycle, fleet.services, fleet.memory, NOW)
@@ -178,22 +186,31 @@ def test_the_refresh_budget_lets_out_its_rate_whatever_is_due() -> None:
 
 
 def test_prometheus_health_is_said_once_at_each_end(caplog: pytest.LogCaptureFixture) -> None:
+    """Samples are 5 s old when read. The outage ends when Prometheus answers with samples
+    taken since it began, not when a restarted one answers with what it had before."""
     health = PrometheusHealth()
     up = snapshot(70.0, [pod("chat-0")])
     down = snapshot(None, [pod("chat-0")])
     moved = dataclasses.replace(up, full=False)
     caplog.set_level(logging.WARNING, "gpusizer.signals.health")
-    states = [
-        health.observe(dataclasses.replace(s, time=NOW + i))
-        for i, s in enumerate([up, down, down, moved, down, up, up])
+    reads = [(0, up), (1, down), (2, down), (3, moved), (4, down), (5, up), (10, up), (11, up)]
+    states = [health.observe(at(s, NOW + t)) for t, s in reads]
+    assert [s.down is not None for s in states] == [
+        False,
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
     ]
-    assert [s.down is not None for s in states] == [False, True, True, True, True, False, False]
-    assert states[-1].outage is not None and states[-1].outage.until == NOW + 5
+    assert states[-1].outage is not None and states[-1].outage.until == NOW + 10
     assert states[1].outage is not None and states[1].outage.problem == DOWN
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert "Prometheus is unavailable" in lines[0] and "PrometheusUnreachable" in lines[0]
-    assert "answers again after 4s" in lines[1]
+    assert "answers again after 9s" in lines[1]
     assert metrics.PROMETHEUS_AVAILABLE._value.get() == 1
 
 
@@ -203,3 +220,30 @@ def test_a_read_that_answered_anything_is_no_outage() -> None:
     assert failed_whole(partly) is None
     assert failed_whole(Snapshot(NOW)) is None  # asked nothing: says nothing
     assert failed_whole(snapshot(None, [])) == DOWN
+
+
+async def test_a_query_failing_once_is_said_at_the_next_turn_unless_prometheus_is_out() -> None:
+    """A workload's own query sent just after Prometheus stopped answering fails before the
+    shared read can say the outage is Prometheus's: its first failing turn holds the replicas
+    and says nothing; the next says it, unless the outage is by then Prometheus's."""
+    wake = 'sum(gateway_pending_requests{namespace="llm",service="chat"})'
+    fleet = Fleet(
+        size=1,
+        spec=spec(replicas={"min": 0}, scaleToZero={"enabled": True, "wakeQuery": wake}),
+    )
+    fleet.metrics.scalars[wake] = 0.0
+    await fleet.run(NOW, 10, down=[])
+    fleet.metrics.scalars[wake] = Problem(Reason.QUERY_ERROR, "HTTP Status Code 500")
+    await fleet.period(NOW + 10, prometheus_up=True)
+    assert fleet.metrics_flips(NOW + 10) == [] and fleet.events == []
+    await fleet.period(NOW + 15, prometheus_up=True)
+    assert [s for _, _, s in fleet.metrics_flips(NOW + 10)] == ["False"]
+    assert [reason for _, _, reason in fleet.events] == ["MetricsUnavailable"]
+
+    fleet.metrics.scalars[wake] = 0.0
+    await fleet.run(NOW + 20, 10, down=[])  # known again, then out again: a flap
+    await fleet.period(NOW + 30, prometheus_up=True)
+    fleet.metrics.scalars[wake] = Problem(Reason.QUERY_ERROR, "HTTP Status Code 500")
+    await fleet.period(NOW + 35, prometheus_up=True)  # its own query first
+    await fleet.run(NOW + 40, 30, down=[(NOW + 40, NOW + 70)])  # then every query
+    assert [reason for t, _, reason in fleet.events if t >= NOW + 30] == []

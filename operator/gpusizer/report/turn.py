@@ -90,11 +90,16 @@ class Report:
         self.events: list[EventIntent] = []
 
     def metrics_condition(
-        self, signals: WorkloadSignals, decision: ReplicaDecision, restricted: tuple[str, ...]
+        self,
+        signals: WorkloadSignals,
+        decision: ReplicaDecision,
+        restricted: tuple[str, ...],
+        first_failure: bool = False,
     ) -> ConditionState:
         """MetricsAvailable, and a QueryRestricted Warning when a query was confined to its
         namespace: the likely cause of what follows, so it is named first, even while the
-        metrics are known."""
+        metrics are known. On the first turn whose queries fail (`Memory.first_failure`) the
+        condition stays as it was."""
         notes = [*restricted]
         reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
         state = ConditionState(ConditionType.METRICS_AVAILABLE, True, reason, "; ".join(notes))
@@ -107,7 +112,7 @@ class Report:
                 f"{'; '.join(notes)}. Holding replicas: no scale-down or scale to zero on "
                 "unknown metrics",
             )
-        state = self._damped(state)
+        state = self._damped(state, first_failure)
         if restricted and flipped(
             self._old_conditions,
             ConditionType.METRICS_AVAILABLE,
@@ -119,16 +124,20 @@ class Report:
             )
         return state
 
-    def _damped(self, state: ConditionState) -> ConditionState:
+    def _damped(self, state: ConditionState, first_failure: bool) -> ConditionState:
         """MetricsAvailable around an outage of Prometheus: the False it causes shows only
         after the grace, and goes back to True at this workload's offset after its end; until
         then the condition stays as it was. Neither move posts an Event: the outage is said once
         for the fleet."""
         outage = self._prometheus.outage
         shown = _condition(self._old_conditions, ConditionType.METRICS_AVAILABLE)
-        if outage is None or shown is None:
+        if shown is None:
             return state
         old, since = shown
+        if first_failure and state.status is False and outage is None:
+            return old
+        if outage is None:
+            return state
         if outage.until is None:
             if state.status is not False:
                 return state

@@ -47,6 +47,17 @@ def failed_whole(snapshot: Snapshot) -> Problem | None:
     return next(iter(snapshot.errors.values()))
 
 
+def newest_sample(snapshot: Snapshot) -> float | None:
+    """When the newest sample of a read was taken (None: it has none)."""
+    newest = None
+    for samples in snapshot.signals.values():
+        read_at = snapshot.time if samples.read_at is None else samples.read_at
+        for sample in samples.samples.values():
+            taken = read_at - sample.age
+            newest = taken if newest is None else max(newest, taken)
+    return newest
+
+
 class PrometheusHealth:
     """Follows the full reads; says so once when Prometheus stops answering and once when it
     answers again."""
@@ -56,9 +67,16 @@ class PrometheusHealth:
         metrics.PROMETHEUS_AVAILABLE.set(1)
 
     def observe(self, snapshot: Snapshot) -> PrometheusState:
+        """An outage ends at the first full read with data scraped since it began: a
+        Prometheus that was restarted answers at once, with its samples of before, every
+        workload's too old, until its first scrapes."""
         if not snapshot.full:
             return self.state
         problem, down = failed_whole(snapshot), self.state.down
+        if problem is None and down is not None:
+            newest = newest_sample(snapshot)
+            if newest is not None and newest <= down.since:
+                return self.state
         if problem is not None and down is None:
             self.state = PrometheusState(Outage(problem, snapshot.time))
             metrics.PROMETHEUS_AVAILABLE.set(0)
