@@ -31,6 +31,11 @@ from gpusizer.workload import Workload
 log = logging.getLogger(__name__)
 
 DECISION_GRACE_SECONDS = 30.0  # a decision under way when kopf stops its daemon
+# kopf retries a failed API request with these pauses, then gives up, and a peering or watch
+# request that gives up stops the operator. kopf's own (1, 1, 2, 3, 5, 8, 13, 21: 54 s) did not
+# outlast a graceful restart of the API server, and the soak lost both replicas to one; these
+# outlast about five minutes (bench/README.md, the soak).
+API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 9)
 
 
 def register(settings: OperatorSettings) -> None:
@@ -38,6 +43,7 @@ def register(settings: OperatorSettings) -> None:
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         config: OperatorSettings = memo.config
         settings.posting.level = logging.CRITICAL  # log lines are not Events; we post our own
+        settings.networking.error_backoffs = API_RETRY_BACKOFFS
         if config.peering:
             settings.peering.name = config.peering
             settings.peering.standalone = False

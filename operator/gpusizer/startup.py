@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,11 +58,13 @@ class Runtime:
     def stop(self) -> None:
         """Reads and writes still queued for a worker thread are dropped (every decision is
         made again by the next process): asyncio would otherwise run all of them before
-        exiting, past a pod's grace period at thousands of workloads."""
+        exiting, past a pod's grace period at thousands of workloads. And the process exits
+        within EXIT_GRACE_SECONDS, whatever kopf still waits for (`exit_watchdog`)."""
         for task in self.tasks:
             task.cancel()
         self.watching.set()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        exit_watchdog(EXIT_GRACE_SECONDS)
 
     def activator_pushed(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         workload = self.workloads.get((namespace, name))
@@ -74,6 +77,26 @@ class Runtime:
         for workload in self.workloads.values():
             if workload.routed_to_activator():
                 workload.nudge()
+
+
+# Once the operator stops, the process exits within this long. kopf, stopping by itself after
+# an API request it gave up on, waited for ever for a re-authentication its stopped tasks could
+# no longer give: the process lived on, deciding nothing (the soak, bench/README.md).
+EXIT_GRACE_SECONDS = 90.0
+
+
+def exit_watchdog(seconds: float, exit_now: Callable[[int], object] = os._exit) -> threading.Timer:
+    """Ends the process in `seconds` unless it has ended by then (a daemon thread)."""
+
+    def hung() -> None:
+        log.error("the operator stopped %.0fs ago and has not exited: exiting now", seconds)
+        logging.shutdown()
+        exit_now(1)
+
+    timer = threading.Timer(seconds, hung)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def start(config: OperatorSettings, peering_priority: int) -> Runtime:

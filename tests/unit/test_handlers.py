@@ -16,7 +16,7 @@ from gpusizer.clock import Cycle, CycleClock
 from gpusizer.handlers import DECISION_GRACE_SECONDS, register, stopped_or_gone
 from gpusizer.memory import Memory
 from gpusizer.settings import OperatorSettings, PrometheusSettings
-from gpusizer.startup import Runtime
+from gpusizer.startup import Runtime, exit_watchdog
 from gpusizer.workload import Departures
 from kopf._cogs.aiokits import aioenums
 from kopf._cogs.structs import ephemera, finalizers, references
@@ -290,3 +290,28 @@ async def test_departures_end_the_right_daemon() -> None:
     assert not waiting.done()
     gone.set_result(None)
     await asyncio.wait_for(waiting, timeout=5)
+
+
+def test_api_requests_outlast_an_api_server_restart() -> None:
+    """kopf stops the operator when a peering or watch request runs out of retries: its own
+    pauses added up to 54 s, less than a graceful restart of the API server."""
+    registry = registered()
+    configure = next(
+        h for h in registry._activities.get_all_handlers() if h.id.endswith("configure")
+    )
+    settings = kopf.OperatorSettings()
+    started: list[Any] = []
+    memo = ephemera.Memo()
+    memo.config = OperatorSettings(PrometheusSettings(url="http://prometheus"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("gpusizer.startup.start", lambda *args: started.append(args))
+        asyncio.run(configure.fn(settings=settings, memo=memo))
+    assert started, "configure built the runtime"
+    assert sum(settings.networking.error_backoffs) >= 300  # type: ignore[arg-type]
+
+
+def test_a_stopped_operator_that_hangs_exits_anyway() -> None:
+    exited: list[int] = []
+    timer = exit_watchdog(0.05, exited.append)
+    timer.join(timeout=5)
+    assert exited == [1]
