@@ -140,3 +140,10 @@ OUT ?= bench-scale.json
 .PHONY: bench-scale
 bench-scale: venv prometheus cluster-binary ## Operator scale: one operator, N WorkloadSizings (SIZES=100,1000,5000 OUT=bench-scale.json)
 	$(PY) bench/scale.py --sizes $(SIZES) --out $(OUT)
+
+MINUTES ?= 60
+SOAK_OUT := $(if $(filter command line environment,$(origin OUT)),$(OUT),soak.json)
+
+.PHONY: soak
+soak: venv prometheus cluster-binary ## 200 workloads, two operator replicas, a random fault every 30 s, judged from the audit log (MINUTES=60 SEED= OUT=soak.json TRACES=)
+	$(PY) -m e2e.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(SEED),--seed $(SEED)) $(if $(TRACES),--traces-dir $(TRACES))

@@ -1,0 +1,240 @@
+"""The soak's figures, from what the harness sampled and the checker saw: recovery per fault,
+Events and status patches per fault, the operator's memory and CPU over time, and the checks
+that pass or fail the run. Pure: the harness collects, this computes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from e2e.soak.checker import LOAD_EVENTS, Checker
+from e2e.soak.faults import KINDS, Injected
+
+# Faults after which the operator must find metrics known again, and those after which it
+# must decide again (it could not act meanwhile).
+METRIC_FAULTS = frozenset(
+    {"prometheus-killed", "prometheus-slow", "prometheus-500", "prometheus-garbage"}
+)
+OWN_METRIC_FAULTS = frozenset({"node-scrape-down"})
+
+
+@dataclass(frozen=True)
+class OperatorSample:
+    """One look at one operator process."""
+
+    time: float
+    name: str
+    pid: int
+    rss_mib: float
+    cpu_seconds: float
+    decisions: float
+    active: bool
+    prometheus_available: float | None = None
+    known: frozenset[str] = frozenset()  # workloads whose metrics it knows (active one only)
+
+
+def recovery(
+    fault: Injected,
+    samples: Sequence[OperatorSample],
+    acting: Iterable[str],
+    owed_at_end: Mapping[str, float | None],
+) -> dict[str, float | None]:
+    """From the fault's end: until the operator decides again, until the metrics it lost are
+    known again, and until no scale-up it owed then is owed any more (`owed_at_end`: each
+    workload owed one, with when that ended). None: not seen before the soak ended."""
+    end = fault.end if fault.end is not None else fault.start
+    after = [s for s in samples if s.time >= end]
+    seen: dict[int, float] = {}
+    decided = None
+    for s in after:
+        if s.pid in seen and s.decisions > seen[s.pid]:
+            decided = s.time - end
+            break
+        seen[s.pid] = s.decisions
+    metrics: float | None = 0.0
+    if fault.kind in METRIC_FAULTS or fault.kind in OWN_METRIC_FAULTS:
+        wanted = set(acting) if fault.names is None else set(fault.names) & set(acting)
+        before = [s for s in samples if s.active and s.time <= fault.start]
+        baseline = len(before[-1].known & wanted) if before else len(wanted)
+        metrics = _first(
+            s.time - end
+            for s in after
+            if s.active
+            and (s.prometheus_available != 0 or fault.kind in OWN_METRIC_FAULTS)
+            and len(s.known & wanted) >= 0.95 * baseline
+        )
+    scale_up: float | None = 0.0
+    if any(until is None for until in owed_at_end.values()):
+        scale_up = None
+    elif owed_at_end:
+        scale_up = max(0.0, *(until - end for until in owed_at_end.values() if until is not None))
+    parts = [decided, metrics, scale_up]
+    total = None if any(p is None for p in parts) else max(p for p in parts if p is not None)
+    return {"decided": decided, "metrics": metrics, "scale_up": scale_up, "total": total}
+
+
+def _first(values: Iterable[float]) -> float | None:
+    return next(iter(values), None)
+
+
+def per_fault_counts(
+    faults: Sequence[Injected],
+    checker: Checker,
+    slot: float,
+    baseline: Mapping[str, Any],
+    acting: int,
+    grace: float,
+) -> list[dict[str, Any]]:
+    """What each fault cost: the Events (beyond those the load causes: scale, wake, reshape)
+    and the status patches posted from its start to the next fault's (at most `slot` seconds),
+    each with its bound. Events: 3, plus 2 per workload a fault on then touched itself (its
+    node's exporter down, its target or spec broken: a flip each way); status patches: twice
+    the fault-free slots' maximum plus as many, plus one per workload it acts on when
+    Prometheus was out for longer than `grace` (each workload's status says so then)."""
+    ordered = sorted(faults, key=lambda f: f.start)
+    rows = []
+    for fault, nxt in zip(ordered, [*ordered[1:], None], strict=True):
+        start = fault.start
+        stop = min(nxt.start if nxt is not None else math.inf, start + slot)
+        on = [f for f in ordered if f.start < stop and (f.end or math.inf) > start - slot]
+        touched = set().union(*(f.names for f in on if f.names is not None))
+        long_outage = any(
+            a < stop and b > start and b - a > grace for a, b in outages(ordered, stop)
+        )
+        events = [e for e in checker.events if start <= e[0] < stop]
+        rows.append(
+            {
+                "kind": fault.kind,
+                "events": len([e for e in events if e[3] not in LOAD_EVENTS]),
+                "events_bound": 3 + 2 * len(touched),
+                "load_events": len([e for e in events if e[3] in LOAD_EVENTS]),
+                "status_patches": len([p for p in checker.status_patches if start <= p[0] < stop]),
+                "status_patches_bound": 2 * baseline["status_patches_max"]
+                + 2 * len(touched)
+                + (acting if long_outage else 0),
+            }
+        )
+    return rows
+
+
+def outages(faults: Sequence[Injected], until: float) -> list[tuple[float, float]]:
+    """The stretches in which Prometheus was out for the operator (faults that overlap or
+    follow each other at once merged)."""
+    merged: list[tuple[float, float]] = []
+    for f in sorted((f for f in faults if f.kind in METRIC_FAULTS), key=lambda f: f.start):
+        end = f.end if f.end is not None else until
+        if merged and f.start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((f.start, end))
+    return merged
+
+
+def baseline_counts(checker: Checker, start: float, stop: float, slot: float) -> dict[str, Any]:
+    """The same counts in slots of the fault period before any fault: the load's own cost."""
+    rows = []
+    t = start
+    while t + slot <= stop:
+        events = [e for e in checker.events if t <= e[0] < t + slot]
+        rows.append(
+            {
+                "events": len([e for e in events if e[3] not in LOAD_EVENTS]),
+                "status_patches": len([p for p in checker.status_patches if t <= p[0] < t + slot]),
+            }
+        )
+        t += slot
+    return {
+        "slots": len(rows),
+        "events_max": max((r["events"] for r in rows), default=0),
+        "status_patches_max": max((r["status_patches"] for r in rows), default=0),
+        "status_patches_mean": mean([r["status_patches"] for r in rows]),
+    }
+
+
+def mean(values: Sequence[float]) -> float:
+    return round(statistics.fmean(values), 1) if values else 0.0
+
+
+def summary(values: Sequence[float | None]) -> dict[str, Any]:
+    seen = [v for v in values if v is not None]
+    return {
+        "n": len(values),
+        "max": round(max(seen), 1) if seen else None,
+        "mean": mean(seen) if seen else None,
+        "unrecovered": len(values) - len(seen),
+    }
+
+
+def growth(
+    samples: Sequence[OperatorSample], warm: float, end: float, window: float
+) -> dict[str, Any]:
+    """The active operator's RSS (median) and CPU (cores) in the window after `warm` and in the
+    last window before `end`, and RSS's maximum: a leak shows as the last above the first."""
+    active = [s for s in samples if s.active]
+
+    def in_window(a: float, b: float) -> list[OperatorSample]:
+        return [s for s in active if a <= s.time < b]
+
+    def cores(rows: list[OperatorSample]) -> float | None:
+        by_pid: dict[int, list[OperatorSample]] = defaultdict(list)
+        for s in rows:
+            by_pid[s.pid].append(s)
+        used = span = 0.0
+        for got in by_pid.values():
+            if len(got) > 1:
+                used += got[-1].cpu_seconds - got[0].cpu_seconds
+                span += got[-1].time - got[0].time
+        return round(used / span, 3) if span else None
+
+    first, last = in_window(warm, warm + window), in_window(end - window, end)
+    rss = [s.rss_mib for s in active]
+    return {
+        "rss_mib": {
+            "first": round(statistics.median(s.rss_mib for s in first), 1) if first else None,
+            "last": round(statistics.median(s.rss_mib for s in last), 1) if last else None,
+            "max": round(max(rss), 1) if rss else None,
+        },
+        "cpu_cores": {"first": cores(first), "last": cores(last)},
+    }
+
+
+def fault_counts(faults: Sequence[Injected]) -> dict[str, int]:
+    counts = dict.fromkeys(KINDS, 0)
+    for f in faults:
+        counts[f.kind] += 1
+    return counts
+
+
+def processes(samples: Sequence[OperatorSample], start: float) -> list[dict[str, Any]]:
+    """Each operator process's life: when (seconds into the soak), its RSS and CPU first and
+    last, and the decisions it made."""
+    by_pid: dict[int, list[OperatorSample]] = defaultdict(list)
+    for sample in samples:
+        by_pid[sample.pid].append(sample)
+    rows = []
+    for pid, got in by_pid.items():
+        first, last = got[0], got[-1]
+        span = last.time - first.time
+        rows.append(
+            {
+                "replica": first.name,
+                "pid": pid,
+                "from_s": round(first.time - start),
+                "to_s": round(last.time - start),
+                "rss_mib": [round(first.rss_mib, 1), round(last.rss_mib, 1)],
+                "rss_mib_max": round(max(s.rss_mib for s in got), 1),
+                "cpu_cores": round((last.cpu_seconds - first.cpu_seconds) / span, 3)
+                if span
+                else None,
+                "decisions": int(last.decisions),
+                "in_charge_s": round(
+                    sum(b.time - a.time for a, b in itertools.pairwise(got) if b.active)
+                ),
+            }
+        )
+    return rows

@@ -1,0 +1,77 @@
+"""The soak's figures (e2e/soak/report.py) from made-up samples: recovery per fault, what each
+fault cost against its bound, and growth of the operator's memory."""
+
+from __future__ import annotations
+
+from e2e.soak.checker import Checker, Rules
+from e2e.soak.faults import Injected
+from e2e.soak.report import OperatorSample, growth, outages, per_fault_counts, recovery
+
+T = 1_800_000_000.0
+FLEET = ["a", "b", "c", "d"]
+
+
+def sample(t: float, decisions: float, known: set[str], available: float = 1.0) -> OperatorSample:
+    return OperatorSample(
+        T + t, "replica-a", 7, 100.0, t / 10, decisions, True, available, frozenset(known)
+    )
+
+
+def test_recovery_waits_for_decisions_metrics_and_owed_scale_ups() -> None:
+    fault = Injected("prometheus-500", T, end=T + 30)
+    samples = [
+        sample(0, 100, set(FLEET)),
+        sample(30, 100, set(), available=0),
+        sample(35, 110, {"a"}, available=1),  # deciding again, metrics still coming back
+        sample(40, 120, set(FLEET)),
+    ]
+    found = recovery(fault, samples, FLEET, {"b": T + 50})
+    assert found == {"decided": 5.0, "metrics": 10.0, "scale_up": 20.0, "total": 20.0}
+    assert recovery(fault, samples, FLEET, {"b": None})["total"] is None  # never written
+
+
+def test_a_node_fault_waits_only_for_the_workloads_it_touched() -> None:
+    fault = Injected("node-scrape-down", T, end=T + 30, names=frozenset({"a"}))
+    samples = [sample(0, 1, set(FLEET)), sample(30, 2, {"b"}), sample(35, 3, {"a", "b"})]
+    assert recovery(fault, samples, FLEET, {})["metrics"] == 5.0
+
+
+def test_each_fault_is_held_to_its_bound() -> None:
+    checker = Checker({n: Rules(n, 1, 6) for n in FLEET})
+    faults = [
+        Injected("prometheus-500", T, end=T + 20),
+        Injected("node-scrape-down", T + 30, end=T + 50, names=frozenset({"a", "b"})),
+    ]
+    checker.events += [(T + 1, "soak/a", "Warning", "MetricsUnavailable")] * 4
+    checker.events += [(T + 2, "soak/a", "Normal", "Scaled")] * 9  # the load's own
+    checker.events += [(T + 31, "soak/a", "Warning", "MetricsUnavailable")] * 4
+    checker.status_patches += [(T + 40, "a")] * 5
+    rows = per_fault_counts(faults, checker, 30, {"status_patches_max": 2}, len(FLEET), 100)
+    assert [(r["events"], r["events_bound"], r["load_events"]) for r in rows] == [
+        (4, 3, 9),  # a Prometheus outage: no workload's own doing, 3 at most
+        (4, 7, 0),  # two workloads touched: a flip each way each
+    ]
+    assert [(r["status_patches"], r["status_patches_bound"]) for r in rows] == [(0, 4), (5, 8)]
+
+
+def test_a_long_outage_of_prometheus_lets_every_workload_say_so() -> None:
+    checker = Checker({n: Rules(n, 1, 6) for n in FLEET})
+    back_to_back = [
+        Injected("prometheus-killed", T, end=T + 60),
+        Injected("prometheus-slow", T + 50, end=T + 120),
+    ]
+    assert outages(back_to_back, T + 200) == [(T, T + 120)]
+    rows = per_fault_counts(back_to_back, checker, 30, {"status_patches_max": 0}, 4, 100)
+    assert [r["status_patches_bound"] for r in rows] == [4, 4]
+    rows = per_fault_counts(back_to_back[:1], checker, 30, {"status_patches_max": 0}, 4, 100)
+    assert rows[0]["status_patches_bound"] == 0
+
+
+def test_growth_compares_the_window_after_warm_up_with_the_last() -> None:
+    samples = [
+        OperatorSample(T + t, "replica-a", 7, 100 + t / 100, t * 0.05, t, True)
+        for t in range(0, 1200, 5)
+    ]
+    found = growth(samples, T + 600, T + 1200, 60)
+    assert found["rss_mib"]["first"] < found["rss_mib"]["last"] < 1.10 * found["rss_mib"]["first"]
+    assert found["cpu_cores"] == {"first": 0.05, "last": 0.05}
