@@ -173,7 +173,7 @@ class ActivatorPods:
         kubeconfig = service_account_kubeconfig(
             self.cluster,
             self.workdir / f"{name}.kubeconfig",
-            service_account=pod["spec"]["serviceAccountName"],
+            account=(pod["metadata"]["namespace"], pod["spec"]["serviceAccountName"]),
         )
         self.starts += 1
         log = self.workdir / f"{name}-{self.starts}.log"

@@ -27,13 +27,17 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 def service_account_kubeconfig(
-    cluster: Cluster, path: Path, server: str | None = None, service_account: str = "gpusizer"
+    cluster: Cluster,
+    path: Path,
+    server: str | None = None,
+    account: tuple[str, str] = (OPERATOR_NAMESPACE, "gpusizer"),
 ) -> Path:
-    """A kubeconfig holding a fresh token of the operator's ServiceAccount (or another of its
-    namespace), for the API server at ``server`` (e.g. a proxy in front of it; default: the
-    admin kubeconfig's)."""
+    """A kubeconfig holding a fresh token of the operator's ServiceAccount (``account``:
+    namespace, name), for the API server at ``server`` (e.g. a proxy in front of it; default:
+    the admin kubeconfig's)."""
+    namespace, name = account
     token = cluster.kubectl(
-        "create", "token", service_account, "-n", OPERATOR_NAMESPACE, "--duration=24h"
+        "create", "token", name, "-n", namespace, "--duration=24h"
     ).stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     endpoint = dict(admin["clusters"][0]["cluster"])
@@ -150,7 +154,8 @@ class Operator:
 
     ``name`` names its kubeconfig and logs (``<name>-<start>.log`` in ``workdir``);
     ``api_server`` and ``prometheus_url`` point it at proxies (fault_support.py) instead of the
-    real servers; ``extra_args`` are more ``gpusizer run`` options; ``scrape`` makes Prometheus
+    real servers; ``account`` is the ServiceAccount it runs as (namespace, name: the chart's, for
+    a Helm install); ``extra_args`` are more ``gpusizer run`` options; ``scrape`` makes Prometheus
     scrape its /metrics as job ``gpusizer``, every ``scrape_interval`` (Prometheus duration) or
     at the cluster's 5 s when None. Every start mints a new token, so an operator
     stopped while the ServiceAccount is deleted and re-created (test_install.py) starts again.
@@ -163,6 +168,7 @@ class Operator:
     read_period: float | None = None  # None: the operator's default
     prometheus_url: str | None = None
     api_server: str | None = None
+    account: tuple[str, str] = (OPERATOR_NAMESPACE, "gpusizer")
     extra_args: list[str] = field(default_factory=list)
     scrape: bool = False
     scrape_interval: str | None = None
@@ -180,7 +186,7 @@ class Operator:
         return self.workdir / f"{self.name}.kubeconfig"
 
     def start(self) -> None:
-        service_account_kubeconfig(self.cluster, self.kubeconfig, self.api_server)
+        service_account_kubeconfig(self.cluster, self.kubeconfig, self.api_server, self.account)
         self.metrics_port, self.health_port = free_port(), free_port()
         self.starts += 1
         log_path = self.workdir / f"{self.name}-{self.starts}.log"

@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 
 from e2e.tests.conftest import REPO, Cluster, wait_until
-from e2e.tests.operator_support import install_manifests, stop_operators
+from e2e.tests.operator_support import Operator, install_manifests, stop_operators
 
 CHART = REPO / "charts" / "gpusizer"
 DEPLOY = REPO / "deploy"
@@ -458,3 +459,84 @@ def check_service_account_permissions(cluster: Cluster) -> None:
     wrong = [a for a in allowed if not can_i(cluster, sa, *a)]
     wrong += [("NOT", *d) for d in denied if can_i(cluster, sa, *d)]
     assert not wrong, f"{sa}: unexpected permissions {wrong}"
+
+
+# --- uninstalls with WorkloadSizings present, the operator running or gone --------------
+
+
+def handled(cluster: Cluster, name: str) -> bool:
+    """The operator has decided the user's WorkloadSizing at least once."""
+    obj = get(cluster, "workloadsizing", name, "-n", USER_NAMESPACE)
+    return bool(obj and (obj.get("status") or {}).get("conditions"))
+
+
+@contextmanager
+def operator_handling(
+    cluster: Cluster,
+    workload: UserWorkload,
+    workdir: Path,
+    account: tuple[str, str],
+    runs: bool,
+) -> Iterator[Operator]:
+    """The real operator (a host process under the installed ServiceAccount) has handled the
+    user's WorkloadSizing; then it goes on running, or is stopped, as `runs` says."""
+    operator = Operator(cluster, workdir, name="installed", account=account)
+    operator.start()
+    try:
+        workload.add_sizing()
+        wait_until(lambda: handled(cluster, workload.name), 90, what="the sizing handled")
+        obj = get(cluster, "workloadsizing", workload.name, "-n", USER_NAMESPACE)
+        assert obj is not None and not obj["metadata"].get("finalizers"), obj
+        if not runs:
+            operator.stop()
+        yield operator
+    finally:
+        operator.stop()
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["operator-running", "operator-gone"])
+def test_kubectl_delete_with_sizings_leaves_nothing_stuck(
+    cluster: Cluster, user_workload: UserWorkload, tmp_path: Path, runs: bool
+) -> None:
+    """`kubectl delete -k deploy/` deletes the CRD, so every WorkloadSizing, and the RBAC the
+    operator would need to release a finalizer: it completes, the operator running or not."""
+    cluster.kubectl("apply", "-k", str(DEPLOY))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+    account = (OPERATOR_NAMESPACE, "gpusizer")
+    with operator_handling(cluster, user_workload, tmp_path, account, runs):
+        before = user_workload.snapshot()
+        cluster.kubectl("delete", "-k", str(DEPLOY), "--wait=true", "--timeout=120s")
+        wait_gone(cluster, "crd", CRD, timeout=60)
+        user_workload.assert_untouched(before)
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["operator-running", "operator-gone"])
+def test_helm_uninstall_with_sizings_leaves_nothing_stuck(
+    cluster: Cluster, helm: Helm, user_workload: UserWorkload, tmp_path: Path, runs: bool
+) -> None:
+    """Helm keeps the CRD and the WorkloadSizings: deleting them afterwards, with no operator
+    left, waits for nothing."""
+    release = namespace = "gpusizer-uninstall"
+    fresh_namespace(cluster, namespace)
+    helm(
+        "upgrade",
+        "--install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+    with operator_handling(cluster, user_workload, tmp_path, (namespace, release), runs):
+        before = user_workload.snapshot()
+        helm("uninstall", release, "--namespace", namespace, "--wait")
+        assert get(cluster, "workloadsizing", user_workload.name, "-n", USER_NAMESPACE)
+        user_workload.assert_untouched(before)
+    cluster.kubectl(
+        "delete", "workloadsizing", user_workload.name, "-n", USER_NAMESPACE, "--timeout=30s"
+    )
+    user_workload.assert_untouched(before)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
