@@ -46,12 +46,29 @@ class Cycle:
     moved: frozenset[PodKey] = frozenset()
     # an outage of Prometheus going on, or the last one
     prometheus: PrometheusState = field(default_factory=PrometheusState)
+    error_since: float | None = None  # when the list of other autoscalers began failing
+
+
+class FailingSince:
+    """When a read shared by every workload began failing, if it is failing: the failure is
+    the fleet's, and a workload's status says it only once it has lasted (report.turn)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def observe(self, failed: bool, now: float) -> float | None:
+        if not failed:
+            self.since = None
+        elif self.since is None:
+            self.since = now
+        return self.since
 
 
 async def fetch_cycle(
     reader: SnapshotReader,
     health: PrometheusHealth,
     list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
+    listing: FailingSince,
 ) -> Cycle:
     """The batched Prometheus snapshot, whether Prometheus answers at all, and the list of
     other autoscalers, for every workload."""
@@ -67,7 +84,13 @@ async def fetch_cycle(
     except Exception as exc:  # the API server is down or refusing: say so, act on nothing
         log.warning("listing HPAs and ScaledObjects failed: %s", exc)
         owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
-    return Cycle(snapshot=snapshot, autoscalers=owners, error=error, prometheus=prometheus)
+    return Cycle(
+        snapshot=snapshot,
+        autoscalers=owners,
+        error=error,
+        prometheus=prometheus,
+        error_since=listing.observe(error is not None, time.time()),
+    )
 
 
 Urgency = Callable[[Cycle], bool]  # whether a workload's turn in a cycle comes first

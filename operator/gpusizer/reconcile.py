@@ -152,6 +152,9 @@ async def reconcile(
     try:
         checked = await checks(obj, view, cycle, services, memory)
     except TurnEnded as ended:
+        fleet = ended.condition.reason == Reason.AUTOSCALER_CHECK_FAILED
+        if fleet and cycle.error_since is not None and not report.says(cycle.error_since):
+            return Outcome(status_patch={})
         return report.finish(ended.status, [ended.condition])
     spec, target = checked.spec, checked.target
     pods = view.selected(obj.namespace, target.selector)

@@ -19,7 +19,7 @@ from gpusizer.actuate.routes import Routes
 from gpusizer.actuate.targets import Targets
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.catalog import load_catalog
-from gpusizer.clock import CycleClock, fetch_cycle
+from gpusizer.clock import CycleClock, FailingSince, fetch_cycle
 from gpusizer.kube import WORKER_THREADS, api_client
 from gpusizer.measurement import Measurer
 from gpusizer.memory import Memory
@@ -154,7 +154,11 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
     )
     clock = CycleClock(
         functools.partial(
-            fetch_cycle, reader, PrometheusHealth(), functools.partial(autoscalers.get, None)
+            fetch_cycle,
+            reader,
+            PrometheusHealth(),
+            functools.partial(autoscalers.get, None),
+            FailingSince(),
         ),
         config.read_period,
         decide_every=config.decide_every,

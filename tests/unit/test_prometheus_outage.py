@@ -247,3 +247,43 @@ async def test_a_query_failing_once_is_said_at_the_next_turn_unless_prometheus_i
     await fleet.period(NOW + 35, prometheus_up=True)  # its own query first
     await fleet.run(NOW + 40, 30, down=[(NOW + 40, NOW + 70)])  # then every query
     assert [reason for t, _, reason in fleet.events if t >= NOW + 30] == []
+
+
+async def test_a_short_failure_of_the_autoscaler_list_re_announces_nothing() -> None:
+    """While the API server restarts, the list of HPAs fails: every turn holds, and a paused
+    workload's status stays Paused, so no Paused Event is posted again when it comes back."""
+    fleet = Fleet(size=1)
+    name = fleet.names[0]
+    paused = {"gpusizer.io/paused": "true"}
+
+    async def turn(now: float, error_since: float | None) -> Any:
+        read = at(snapshot(70.0, fleet.pods[name]), now)
+        cycle = Cycle(
+            read,
+            autoscalers={},
+            error="listing HPAs and ScaledObjects failed: 503" if error_since else None,
+            error_since=error_since,
+            workloads=1,
+        )
+        obj = workload(
+            {**fleet.spec, "targetRef": {"name": name}},
+            fleet.statuses.get(name, {}),
+            paused,
+            name=name,
+        )
+        outcome = await reconcile(obj, fleet.view, cycle, fleet.services, fleet.memory, now)
+        fleet.statuses[name] = {
+            k: v for k, v in {**fleet.statuses.get(name, {}), **outcome.status_patch}.items() if v
+        }
+        return outcome
+
+    first = await turn(NOW, None)
+    assert [e.reason.value for e in first.events] == ["Paused"]
+    during = await turn(NOW + 5, error_since=NOW + 5)
+    assert "conditions" not in during.status_patch and during.events == []
+    after = await turn(NOW + 10, None)
+    assert after.events == [] and "conditions" not in after.status_patch
+
+    long = await turn(NOW + 200, error_since=NOW + 15)  # past the grace: said
+    ready = next(c for c in long.status_patch["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "AutoscalerCheckFailed"

@@ -27,7 +27,7 @@ from gpusizer.report.status import (
 )
 from gpusizer.signals.health import Outage, PrometheusState
 from gpusizer.signals.join import WorkloadSignals
-from gpusizer.signals.parse import PodKey
+from gpusizer.signals.parse import PodKey, Problem
 from gpusizer.timefmt import parse_time
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
 
@@ -152,6 +152,19 @@ class Report:
         obj = self._obj
         shown_now = self._damping.shown(outage, obj.namespace, obj.name, self._workloads, self._now)
         return state if shown_now else old
+
+    def says(self, since: float) -> bool:
+        """Whether the status says a failure of a read shared by every workload that began
+        at `since` (the list of other autoscalers, while the API server is away): only once it
+        has lasted the grace, as for an outage of Prometheus. Until then the turn holds and
+        writes nothing, so a restart of the API server flips no workload's Ready, and
+        re-announces nothing when it comes back (a Paused or ConflictingAutoscaler Event per
+        workload)."""
+        if _condition(self._old_conditions, ConditionType.READY) is None:
+            return True
+        obj = self._obj
+        failure = Outage(Problem(Reason.AUTOSCALER_CHECK_FAILED, ""), since)
+        return self._damping.shown(failure, obj.namespace, obj.name, self._workloads, self._now)
 
     def finish(
         self,
