@@ -8,7 +8,8 @@ them, not on what the operator says of itself.
 
 A wrong action is one of: a write to a workload in Recommend mode, paused, or owned by another
 autoscaler; a write while its spec was invalid; a count outside min and max; a scale-down or a
-scale to zero while its metrics were unknown to the operator; a write that changes nothing (a
+scale to zero while its metrics were unknown to the operator (a slice change is not one: its
+replicas are of another slice); a write that changes nothing (a
 second write for one decision); a reshape started while another is in flight; a scale-up owed
 for longer than `owed_bound_seconds` while nothing excused the operator.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from e2e.soak.audit import Action
 
@@ -72,6 +74,7 @@ class _Owed:
     last: float | None = None  # the last sample that saw it owed
     accrued: float = 0.0  # owed time not excused by a fault
     flagged: bool = False
+    seen: tuple[float, int, float] = (0.0, 0, 0.0)  # the last sample: rps, replicas, capacity
 
 
 @dataclass
@@ -164,7 +167,9 @@ class Checker:
             below = wanted < rules.minimum and not (wanted == 0 and rules.scale_to_zero)
             if below or wanted > rules.maximum:
                 flag("bounds", f"{wanted} replicas, outside {rules.minimum}..{rules.maximum}")
-            if before is not None and wanted < before:
+            # a slice change (a reshape, or its rollback at the deadline) sets the replicas of
+            # another slice: fewer of a bigger one is no scale-down
+            if before is not None and wanted < before and not action.changes_template():
                 unknown = self._in("unknown", name, t, self.grace_seconds)
                 if unknown is not _NONE:
                     what = "scale to zero" if wanted == 0 else "scale-down"
@@ -202,23 +207,30 @@ class Checker:
         elif state in ("Done", "RolledBack"):
             self.reshapes.pop(name, None)
 
-    def demand(self, t: float, name: str, rps: float, capacity_rps: float) -> None:
+    def demand(
+        self, t: float, name: str, rps: float, capacity_rps: float, unplaced: bool = False
+    ) -> None:
         """The requests per second the workload was asked for (a mean over the recent past)
         and what one of its replicas serves: a scale-up is owed when its replicas at the
-        target utilisation (and tolerance) serve less, or it is at zero with demand."""
+        target utilisation (and tolerance) serve less, or it is at zero with demand; not while
+        one of its replicas waits for a place (`unplaced`: the scale-up was written, or there
+        is no room for more of its slice, and another replica would not serve)."""
         rules = self.rules.get(name)
         replicas = self.replicas.get(name)
         owed = self.owed.setdefault(name, _Owed())
         if rules is None or rules.hands_off or replicas is None:
             return
         serves = replicas * capacity_rps * rules.target_utilization / 100 * (1 + rules.tolerance)
-        short = replicas < rules.maximum and (rps > serves if replicas else rps > 0.05)
+        short = (
+            not unplaced and replicas < rules.maximum and (rps > serves if replicas else rps > 0.05)
+        )
         if not short:
             if owed.since is not None:
                 self.episodes.append((name, owed.since, t))
             owed.since = owed.last = None
             owed.accrued, owed.flagged = 0.0, False
             return
+        owed.seen = (rps, replicas, capacity_rps)
         if owed.since is None:
             owed.since = t
         elif owed.last is not None and not self.excused(name, t):
@@ -242,6 +254,22 @@ class Checker:
         return name in self.reshapes or any(
             w.covers(name, t, after=self.excuse_after_seconds) for w in self.windows
         )
+
+    def still_owed(self) -> list[dict[str, Any]]:
+        """The scale-ups owed when the soak ended: how long, how much of it unexcused, and the
+        last demand seen."""
+        return [
+            {
+                "workload": name,
+                "since": o.since,
+                "accrued_s": round(o.accrued, 1),
+                "rps": round(o.seen[0], 2),
+                "replicas": o.seen[1],
+                "capacity_rps": round(o.seen[2], 2),
+            }
+            for name, o in sorted(self.owed.items())
+            if o.since is not None
+        ]
 
     def owed_at(self, t: float) -> dict[str, float | None]:
         """The workloads owed a scale-up at `t`, each with when it stopped being owed (None:

@@ -6,6 +6,7 @@ seeded generator, so a seed replays the same faults at the same times.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -129,13 +130,40 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     sig = rng.choice((signal.SIGKILL, signal.SIGTERM))
     fault.detail = signal.Signals(sig).name
     pid = _component_pid(stage, "kube-apiserver")
+    etcd = _etcd_url(pid)
     (stage.cluster.state_dir / "restart" / "kube-apiserver").write_text("soak\n")
     os.kill(pid, sig)
     held = stage.open("held", fault)
     wait_until(lambda: not _alive(pid), 120, what="kube-apiserver exit")
+    # what the API server does every 5 minutes, done while it is away: the versions the
+    # watches would resume from are gone, so they meet 410 Gone (a restarted API server
+    # serves a watch from etcd while its cache fills, from before the restart otherwise)
+    fault.facts["compacted_to"] = _compact(etcd)
     wait_until(lambda: _apiserver_ready(stage), 180, interval=0.5, what="kube-apiserver ready")
     stage.close(held)
     fault.facts["watch_from_before"] = _watch_from(stage, before)
+
+
+def _etcd_url(apiserver_pid: int) -> str:
+    """The etcd the API server talks to, from its command line."""
+    for arg in Path(f"/proc/{apiserver_pid}/cmdline").read_bytes().split(b"\0"):
+        if arg.startswith(b"--etcd-servers="):
+            return arg.split(b"=", 1)[1].decode().split(",")[0]
+    raise LookupError("kube-apiserver has no --etcd-servers")
+
+
+def _compact(etcd: str) -> int:
+    """Moves etcd's revision on (as the other API servers of a real cluster do while one
+    restarts: with none, the revision a watch resumes from is still the newest) and compacts
+    its history up to it, through etcd's v3 JSON gateway; returns the revision."""
+    key = base64.b64encode(b"/soak/compaction").decode()
+    put = requests.post(f"{etcd}/v3/kv/put", json={"key": key, "value": key}, timeout=10)
+    put.raise_for_status()
+    revision = int(put.json()["header"]["revision"])
+    requests.post(
+        f"{etcd}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30
+    ).raise_for_status()
+    return revision
 
 
 def _watch_from(stage: Stage, resource_version: str) -> str:

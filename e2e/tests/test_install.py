@@ -76,6 +76,24 @@ class Helm:
             raise AssertionError(f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}")
         return result
 
+    def install(
+        self, release: str, namespace: str, *options: str
+    ) -> subprocess.CompletedProcess[str]:
+        """`helm upgrade --install` of the chart, waiting for its Deployment."""
+        return self(
+            "upgrade",
+            "--install",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            *options,
+            "--wait",
+            "--timeout",
+            "180s",
+        )
+
 
 @pytest.fixture(scope="module", autouse=True)
 def no_operators(cluster: Cluster) -> Iterator[None]:
@@ -268,19 +286,7 @@ def test_helm_install_upgrade_uninstall(
         ("deployment", release, "-n", namespace),
     ]
     fresh_namespace(cluster, namespace)
-    install = [
-        "upgrade",
-        "--install",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "180s",
-    ]
-    first = helm(*install)
+    first = helm.install(release, namespace)
     assert "NOTES:" in first.stdout and f"deployment/{release}" in first.stdout
     assert get(cluster, "crd", CRD) is not None, "the chart's crds/ installed the CRD"
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
@@ -289,7 +295,7 @@ def test_helm_install_upgrade_uninstall(
     dep = wait_deployment_available(cluster, release, namespace)
     installed = uids(cluster, objects)
 
-    helm(*install)  # twice in a row: a no-op upgrade
+    helm.install(release, namespace)  # twice in a row: a no-op upgrade
     again = wait_deployment_available(cluster, release, namespace)
     assert uids(cluster, objects) == installed, "the second install replaced objects"
     assert again["metadata"]["generation"] == dep["metadata"]["generation"], "no new rollout"
@@ -312,21 +318,13 @@ def test_helm_namespaced_install_grants_only_watched_namespaces(
     sa = f"system:serviceaccount:{namespace}:{release}"
     for ns in ("team-a", "team-b", namespace):
         fresh_namespace(cluster, ns)
-    helm(
-        "upgrade",
-        "--install",
+    helm.install(
         release,
-        str(CHART),
-        "--namespace",
         namespace,
-        "--create-namespace",
         "--set-json",
         'watchNamespaces=["team-a"]',
         "--set",
         "rightSizing.allowReshape=false",
-        "--wait",
-        "--timeout",
-        "180s",
     )
     try:
         dep = wait_deployment_available(cluster, release, namespace)
@@ -518,17 +516,7 @@ def test_helm_uninstall_with_sizings_leaves_nothing_stuck(
     left, waits for nothing."""
     release = namespace = "gpusizer-uninstall"
     fresh_namespace(cluster, namespace)
-    helm(
-        "upgrade",
-        "--install",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--wait",
-        "--timeout",
-        "180s",
-    )
+    helm.install(release, namespace)
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
     with operator_handling(cluster, user_workload, tmp_path, (namespace, release), runs):
         before = user_workload.snapshot()

@@ -93,6 +93,14 @@ def test_scale_down_or_to_zero_on_unknown_metrics_is_wrong_after_the_grace() -> 
     assert "scale to zero" in c.wrong[1].detail and "prometheus-500" in c.wrong[0].detail
 
 
+def test_a_slice_change_to_fewer_replicas_is_no_scale_down() -> None:
+    """A rollback at the reshape deadline restores 1 whole GPU from 2 slices."""
+    c = checker()
+    c.window("unknown", "node-scrape-down", T, names={"w"})
+    c.observe(reshape("w", "RolledBack", "t1", T + 30))
+    assert c.wrong == [] and c.replicas["w"] == 2
+
+
 def test_unknown_metrics_of_some_workloads_only() -> None:
     c = checker()
     c.window("unknown", "node-scrape-down", T, names={"z"})
@@ -152,6 +160,14 @@ def test_a_scale_up_owed_too_long_is_wrong_unless_a_fault_excused_it() -> None:
     met.observe(scale("w", 5, T + 25))
     met.demand(T + 30, "w", 30.0, 10.0)
     assert met.wrong == [] and met.owed_at(T + 5) == {"w": T + 30}
+
+
+def test_nothing_is_owed_while_a_replica_waits_for_a_place() -> None:
+    """The scale-up was written, or the cluster has no room for more of its slice."""
+    c = checker()
+    for i in range(10):
+        c.demand(T + 10 * i, "w", 30.0, 10.0, unplaced=True)
+    assert c.wrong == [] and c.owed_at(T + 50) == {}
 
 
 def test_a_workload_at_zero_owes_a_wake_when_asked() -> None:

@@ -59,6 +59,10 @@ def test_an_activator_record_that_changed_asks_for_a_turn_at_once() -> None:
     assert workload.nudge.take(), "a record gone (nothing held any more) is news too"
 
 
+async def no_fetch() -> Cycle:
+    raise AssertionError("cycles are published by the test")
+
+
 class FirstWriteWaits:
     """A status writer whose first write waits until released, as one does behind thousands
     of others queued for the worker threads."""
@@ -129,9 +133,6 @@ def following(
 async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits() -> None:
     # a cycle's snapshot is megabytes at 5,000 workloads; decisions waiting for their status
     # writes, or for the next cycle, each kept the one they had decided on
-    async def no_fetch() -> Cycle:
-        raise AssertionError("cycles are published by the test")
-
     clock = CycleClock(no_fetch, period_seconds=3600)
     workload = mode_off({})
     writer = FirstWriteWaits()
@@ -161,9 +162,6 @@ async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits
 
 
 async def test_a_spec_change_is_decided_on_at_the_next_read_after_its_event() -> None:
-    async def no_fetch() -> Cycle:
-        raise AssertionError("cycles are published by the test")
-
     clock = CycleClock(no_fetch, period_seconds=3600, decide_every=100)
     raw: dict[str, Any] = {}
     workload = mode_off(raw)
@@ -195,26 +193,12 @@ class GoneWriter:
 
 
 async def test_a_workload_found_gone_takes_no_more_turns() -> None:
-    async def no_fetch() -> Cycle:
-        raise AssertionError("cycles are published by the test")
-
     clock = CycleClock(no_fetch, period_seconds=3600)
-    body = kopf.Body(
-        {
-            "metadata": {"generation": 1},
-            "spec": {
-                "targetRef": {"name": "chat"},
-                "replicas": {"min": 1, "max": 2, "targetGPUUtilization": 70},
-                "mode": "Off",
-            },
-        }
-    )
-    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
     writer = GoneWriter()
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
     await asyncio.wait_for(
-        Workload("ns", "chat", body, logger).follow(
+        mode_off({}).follow(
             clock,
             never,
             ClusterView({}, {}),
