@@ -52,6 +52,7 @@ class Memory:
     # the resourceVersion of each workload's target as the watch showed it when a scale write
     # found the API server's copy newer: see watched_target
     watch_behind: dict[tuple[str, str], str] = field(default_factory=dict)
+    watch_lagging: set[tuple[str, str]] = field(default_factory=set)  # said: see first_lag
     # the activator port this process gave each workload, before its status shows it
     activator_ports: dict[tuple[str, str], int] = field(default_factory=dict)
     # what each workload's status says it measured, shared by those serving alike: refilled
@@ -66,6 +67,7 @@ class Memory:
         self.specs.forget(namespace, name)
         self.watch_behind.pop((namespace, name), None)
         self.activator_ports.pop((namespace, name), None)
+        self.watch_lagging.discard((namespace, name))
         self.failing.discard((namespace, name))
 
     def first_failure(self, namespace: str, name: str, failing: bool) -> bool:
@@ -96,8 +98,21 @@ class Memory:
         if cached.resource_version == behind:
             return None
         del self.watch_behind[(namespace, name)]
+        self.watch_lagging.discard((namespace, name))
         return cached
 
+    def first_lag(self, namespace: str, name: str) -> bool:
+        """Whether a turn finds the watch behind the target's last change for the first time
+        since that change: it normally shows a change within milliseconds, long before the
+        next turn, so a watch still behind then is lagging, or left silent (said once)."""
+        key = (namespace, name)
+        if key not in self.watch_behind or key in self.watch_lagging:
+            return False
+        self.watch_lagging.add(key)
+        return True
+
     def found_behind(self, namespace: str, name: str, watched: TargetView) -> None:
-        """A write found the API server's copy of the target newer than the watch's."""
+        """The API server's copy of the target is newer than the watch's: a write found it so,
+        or made it so."""
         self.watch_behind[(namespace, name)] = watched.resource_version
+        self.watch_lagging.discard((namespace, name))

@@ -173,6 +173,8 @@ async def reconcile(
             may_act=spec.mode == Mode.AUTO and paused_by is None,
             measured=measured,
         )
+        if sizing.wrote:
+            written_behind_the_watch(checked, memory)
     hold = holding(checked, decision, paused_by, sizing.reshaping)
     routed = await route(checked, pods, decision, hold, services.routes, view, memory)
     if hold is None and routed is not None and routed.hold is not None:
@@ -266,6 +268,16 @@ async def readable_target(
     turn."""
     try:
         watched = memory.watched_target(obj.namespace, obj.name, spec.target_ref, view)
+        if watched is None and memory.first_lag(obj.namespace, obj.name):
+            ref = spec.target_ref
+            log.info(
+                "%s/%s: the watch still shows %s %s as it was before its last change: reading "
+                "it from the API server until the watch shows it",
+                obj.namespace,
+                obj.name,
+                ref.kind,
+                ref.name,
+            )
         target = watched or await targets.read(obj.namespace, spec.target_ref)
     except TargetNotFound as exc:
         raise _ended(Reason.TARGET_NOT_FOUND, str(exc)) from exc
@@ -540,6 +552,7 @@ async def act(
         metrics.WORKLOADS.scale_written(namespace, name, "error")
         return replace(unchanged, ready=_ready(Reason.SCALE_FAILED, str(exc), ready=False))
     metrics.WORKLOADS.scale_written(namespace, name, "ok")
+    written_behind_the_watch(checked, memory)
     return Acted(
         unchanged.ready,
         decision.desired,
@@ -547,6 +560,15 @@ async def act(
         iso(now),
         (_scale_event(target.replicas, decision),),
     )
+
+
+def written_behind_the_watch(checked: Checked, memory: Memory) -> None:
+    """The turn changed its target: the watch's copy is older than the change until the watch
+    shows it, and the next turn, a read period later, reads the target from the API server
+    instead. Deciding again on the older copy started a second reshape a second after the
+    first (the soak, bench/README.md), and met a conflict after each scale."""
+    if checked.watched is not None:
+        memory.found_behind(checked.obj.namespace, checked.obj.name, checked.watched)
 
 
 def _ready(reason: Reason, message: str, ready: bool = True) -> ConditionState:

@@ -78,6 +78,7 @@ class RightSizingOutcome:
     recommendation: Recommendation | None = None
     events: list[EventIntent] = field(default_factory=list)
     reshaping: bool = False  # replica changes wait while a rollout is in flight
+    wrote: bool = False  # the target was changed (a move, its end, or its rollback)
 
 
 def current_slice(
@@ -411,6 +412,7 @@ class RightSizer:
             _condition(False, Reason.RESHAPING, started),
             events=[EventIntent("Normal", EventReason.RESHAPE_STARTED, started)],
             reshaping=True,
+            wrote=True,
         )
 
     async def _follow(
@@ -442,7 +444,7 @@ class RightSizer:
             moved = done.moved_message()
             out.events.append(EventIntent("Normal", EventReason.RESHAPED, moved))
             out.condition = _condition(True, Reason.RIGHT_SIZED, moved)
-            out.reshaping = False
+            out.reshaping, out.wrote = False, True
             return out
         return await self._roll_back(spec, sized, record, detail, out)
 
@@ -474,4 +476,5 @@ class RightSizer:
         restored = f"restored {origin.slice} ({origin.product}): {detail}"
         out.events.append(EventIntent("Warning", EventReason.RESHAPE_ROLLED_BACK, restored))
         out.condition = _condition(False, Reason.RESHAPE_ROLLED_BACK, restored)
+        out.wrote = True
         return out

@@ -5,6 +5,7 @@ in-memory ports."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -403,8 +404,10 @@ async def test_a_conflict_on_a_watched_target_reads_the_api_server_next_turn() -
     turn = Turn(watched=True, fail={"write": ScaleConflict("changed to 3 replicas")})
     _, _, _, memory = await turn.run()
     assert memory.watch_behind == {(NS, "chat"): "7"}
-    _, _, _, memory = await Turn(watched=True).run()
+    _, _, _, memory = await Turn(watched=True, util=70.0).run()  # nothing written
     assert memory.watch_behind == {}
+    _, _, _, memory = await Turn(watched=True).run()  # its own write: the watch is behind it
+    assert memory.watch_behind == {(NS, "chat"): "7"}
 
 
 async def test_scaling_to_zero_and_waking_are_events_of_their_own() -> None:
@@ -471,6 +474,35 @@ async def test_auto_moves_an_oversized_workload_in_one_template_change() -> None
     assert condition(outcome, ConditionType.READY)["reason"] == "Reshaping"
     assert condition(outcome, ConditionType.RIGHT_SIZED)["reason"] == "Reshaping"
     assert targets.writes == [], "replicas wait for the rollout"
+
+
+async def test_a_change_is_not_decided_again_on_the_watchs_older_copy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The next turn comes a read period later, before the watch shows the change: it reads
+    the target from the API server, and finds the move under way; the lag is logged once."""
+    turn = oversized(watched=True)
+    assert turn.target is not None
+    targets = FakeTargets({(NS, "chat"): turn.target})
+    # the watch's copy, never updated: a watch that lags
+    stale = ClusterView(
+        {NS: turn.pods}, {NODE.name: NODE}, targets={"Deployment": {(NS, "chat"): turn.target}}
+    )
+    metrics = FakeMetrics(answers=dict(turn.history))
+    memory = Memory()
+    cycle = Cycle(snapshot(turn.util, turn.pods), autoscalers={})
+    ports = services(metrics, targets)
+    caplog.set_level(logging.INFO, "gpusizer.reconcile")
+    for now in (NOW, NOW + 1, NOW + 2):
+        obj = workload(turn.spec)
+        await reconcile(obj, stale, cycle, ports, memory, now)
+    assert len(targets.reshapes) == 1, "a second reshape on the watch's older copy"
+    assert targets.reads == 2
+    lagging = [r.getMessage() for r in caplog.records if "the watch still shows" in r.getMessage()]
+    assert lagging == [
+        "llm/chat: the watch still shows Deployment chat as it was before its last change: "
+        "reading it from the API server until the watch shows it"
+    ]
 
 
 @pytest.mark.parametrize(
