@@ -274,7 +274,7 @@ class Operator:
         """The current value of one of the operator's own series (0 when absent)."""
         total = 0.0
         for line in self._exposition():
-            if not line.startswith(series + "{"):
+            if not line.startswith((series + "{", series + " ")):
                 continue
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
