@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from gpusizer.actuate.target_view import TargetView
 from gpusizer.api.v1alpha1 import Server
-from gpusizer.clock import fetch_cycle
+from gpusizer.clock import FailingSince, fetch_cycle
 from gpusizer.cluster import ClusterView
 from gpusizer.memory import Memory
 from gpusizer.reconcile import reconcile
 from gpusizer.settings import PrometheusSettings, Tenancy
+from gpusizer.signals.health import PrometheusHealth
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import SnapshotReader
@@ -63,7 +64,9 @@ async def run(
     source: RecordingSource, wake: str, tenancy: Tenancy, target: FakeTargets, status: Any = None
 ) -> Any:
     """One decision on a fresh cycle; `source.sent` then holds only the workload's queries."""
-    cycle = await fetch_cycle(SnapshotReader(source, Server, 0), no_autoscalers)
+    cycle = await fetch_cycle(
+        SnapshotReader(source, Server, 0), PrometheusHealth(), no_autoscalers, FailingSince()
+    )
     source.sent.clear()
     return await reconcile(
         workload(spec(wake), status),

@@ -9,11 +9,12 @@ from typing import Any
 
 from gpusizer.actuate.target_view import TargetView
 from gpusizer.api.v1alpha1 import Server
-from gpusizer.clock import fetch_cycle
+from gpusizer.clock import FailingSince, fetch_cycle
 from gpusizer.cluster import ClusterView
 from gpusizer.memory import Memory
 from gpusizer.reconcile import reconcile
 from gpusizer.settings import PrometheusSettings
+from gpusizer.signals.health import PrometheusHealth
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import SnapshotReader
 
@@ -45,7 +46,9 @@ async def test_a_write_that_finds_the_watch_behind_reads_the_api_server_until_it
     turn_services, memory = services(source, target), Memory()
 
     async def decide(view: ClusterView, status: Any) -> Any:
-        cycle = await fetch_cycle(SnapshotReader(source, Server, 0), _no_autoscalers)
+        cycle = await fetch_cycle(
+            SnapshotReader(source, Server, 0), PrometheusHealth(), _no_autoscalers, FailingSince()
+        )
         return await reconcile(
             workload(SPEC, status), view, cycle, turn_services, memory, time.time()
         )
