@@ -249,6 +249,26 @@ async def test_a_query_failing_once_is_said_at_the_next_turn_unless_prometheus_i
     assert [reason for t, _, reason in fleet.events if t >= NOW + 30] == []
 
 
+async def test_a_query_failing_first_after_an_earlier_outage_holds_its_word_too() -> None:
+    """Prometheus out, back, and out again a little later (a soak's seed 27): the workload's
+    own query failing first must be held as on a Prometheus never out before, not said with an
+    Event because an earlier outage is over."""
+    wake = 'sum(gateway_pending_requests{namespace="llm",service="chat"})'
+    fleet = Fleet(
+        size=1,
+        spec=spec(replicas={"min": 0}, scaleToZero={"enabled": True, "wakeQuery": wake}),
+    )
+    fleet.metrics.scalars[wake] = 0.0
+    await fleet.run(NOW, 60, down=[(NOW + 10, NOW + 20)])  # an outage, over
+    fleet.metrics.scalars[wake] = Problem(Reason.QUERY_ERROR, "HTTP Status Code 500")
+    await fleet.period(NOW + 60, prometheus_up=True)  # its own query first
+    await fleet.run(NOW + 65, 15, down=[(NOW + 65, NOW + 80)])  # then every query, briefly
+    fleet.metrics.scalars[wake] = 0.0
+    await fleet.run(NOW + 80, 15, down=[])
+    assert [reason for t, _, reason in fleet.events if t >= NOW + 60] == []
+    assert fleet.metrics_flips(NOW + 60) == []
+
+
 async def test_a_short_failure_of_the_autoscaler_list_re_announces_nothing() -> None:
     """While the API server restarts, the list of HPAs fails: every turn holds, and a paused
     workload's status stays Paused, so no Paused Event is posted again when it comes back."""

@@ -134,8 +134,8 @@ class Report:
         if shown is None:
             return state
         old, since = shown
-        if first_failure and state.status is False and outage is None:
-            return old
+        if first_failure and state.status is False and self._prometheus.down is None:
+            return old  # an outage that is over says nothing of this failure
         if outage is None:
             return state
         if outage.until is None:
