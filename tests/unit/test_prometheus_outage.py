@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from gpusizer.api.v1alpha1 import Server
 from gpusizer.clock import Cycle
 from gpusizer.cluster import ClusterView
 from gpusizer.memory import Memory
@@ -18,7 +19,8 @@ from gpusizer.report import metrics
 from gpusizer.report.status import RefreshBudget
 from gpusizer.report.turn import OutageDamping
 from gpusizer.signals.health import Outage, PrometheusHealth, PrometheusState, failed_whole
-from gpusizer.signals.parse import Problem
+from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.signals.queries import GPU_UTIL, request_rate_signal
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import Reason
@@ -212,6 +214,29 @@ def test_prometheus_health_is_said_once_at_each_end(caplog: pytest.LogCaptureFix
     assert "Prometheus is unavailable" in lines[0] and "PrometheusUnreachable" in lines[0]
     assert "answers again after 9s" in lines[1]
     assert metrics.PROMETHEUS_AVAILABLE._value.get() == 1
+
+
+def test_a_rate_evaluated_now_does_not_end_an_outage() -> None:
+    """A restarted Prometheus answers the request rate over the samples it had before, stamped
+    when it evaluates it: the outage lasts until the scraped series are new again (a soak's
+    seed 27 otherwise posted a StaleSamples Event for every workload)."""
+    health = PrometheusHealth()
+    health.observe(at(snapshot(None, [pod("chat-0")]), NOW + 1))
+    key = (NS, "chat-0")
+
+    def read(gpu_age: float) -> Snapshot:
+        return Snapshot(
+            NOW + 10,
+            signals={
+                GPU_UTIL: PodSamples({key: Sample(70.0, gpu_age)}, read_at=NOW + 10),
+                request_rate_signal(Server.VLLM): PodSamples(
+                    {key: Sample(3.0, 0)}, read_at=NOW + 10
+                ),
+            },
+        )
+
+    assert health.observe(read(gpu_age=30)).down is not None, "scraped before it began"
+    assert health.observe(read(gpu_age=5)).down is None
 
 
 def test_a_read_that_answered_anything_is_no_outage() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gpusizer.report import metrics
 from gpusizer.signals.parse import Problem
+from gpusizer.signals.queries import REPLICA_SIGNALS
 from gpusizer.signals.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,13 @@ def failed_whole(snapshot: Snapshot) -> Problem | None:
 
 
 def newest_sample(snapshot: Snapshot) -> float | None:
-    """When the newest sample of a read was taken (None: it has none)."""
+    """When the newest scraped sample of a read was taken (None: it has none). The replica
+    signals only: a rate() is stamped when Prometheus evaluates it, so a restarted Prometheus
+    answers the request rate at once, "new", over the samples it had before."""
     newest = None
-    for samples in snapshot.signals.values():
+    for signal, samples in snapshot.signals.items():
+        if signal not in REPLICA_SIGNALS:
+            continue
         read_at = snapshot.time if samples.read_at is None else samples.read_at
         for sample in samples.samples.values():
             taken = read_at - sample.age
