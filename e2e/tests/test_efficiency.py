@@ -16,6 +16,8 @@ from e2e.tests.conftest import Cluster, wait_until
 from e2e.tests.operator_support import Operator, Workloads, recommend, sizing_spec
 
 WINDOW = 60  # rightSizing.historySeconds: the shortest allowed
+SCRAPE_SECONDS = 5  # the local cluster's scrape interval (e2e/scripts/cluster-up.sh)
+RESTART_SECONDS = 10  # a restarted server's start-up (2 s) and its pod's Ready seen again
 
 
 def measured(name: str) -> dict[str, Any]:
@@ -88,9 +90,12 @@ def test_two_workloads_on_different_slices_cost_what_the_emulator_counts(
     # the slice's energy is its share of its GPU's, not the GPU's: far under the whole GPU's
     assert shown["slice"]["powerWatts"] < shown["whole"]["powerWatts"] / 2
 
-    # its server restarts and its counters start over: every window read meanwhile, the
-    # restart inside it, stays true (the operator's gauges follow each read; none while no
-    # pod serves: unknown, not zero)
+    # its server restarts and its counters start over: no window read meanwhile, the restart
+    # inside it, is negative or huge (the operator's gauges follow each read; none while no
+    # pod serves: unknown, not zero). Counted as Prometheus counts, a reset hides the requests
+    # served since the scrape before it (SCRAPE_SECONDS at most), and the server serves none
+    # while it starts again (RESTART_SECONDS at most) but is served its backlog after: a
+    # window holding the restart is off the steady figure by that share, either way.
     [pod] = workloads.pods("whole")
     workloads.restart_server(pod["metadata"]["name"])
     cost, kwh = truths["whole"]
@@ -107,8 +112,10 @@ def test_two_workloads_on_different_slices_cost_what_the_emulator_counts(
         time.sleep(2)  # a sampling interval: every read in the window is checked
     known = [(c, k) for c, k in seen if c is not None and k is not None]
     assert len(known) > len(seen) / 2, seen
-    assert all(c == pytest.approx(cost, rel=0.1) for c, _ in known), (cost, seen)
-    assert all(k == pytest.approx(kwh, rel=0.1) for _, k in known), (kwh, seen)
+    off = (SCRAPE_SECONDS + RESTART_SECONDS) / WINDOW
+    low, high = 1 - off, 1 / (1 - off)
+    assert all(low * cost <= c <= high * cost for c, _ in known), (cost, low, high, seen)
+    assert all(low * kwh <= k <= high * kwh for _, k in known), (kwh, low, high, seen)
 
 
 def test_a_slice_slower_than_the_catalog_says_is_learned(
