@@ -24,6 +24,7 @@ from gpusizer.kube import WORKER_THREADS, api_client
 from gpusizer.measurement import Measurer
 from gpusizer.memory import Memory
 from gpusizer.peering import report_peering
+from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
 from gpusizer.report.turn import OutageDamping
 from gpusizer.report.writer import StatusWriter
@@ -46,7 +47,7 @@ class Runtime:
 
     services: Services
     memory: Memory
-    status_writer: StatusWriter
+    status_writer: StatusSink
     clock: CycleClock
     executor: ThreadPoolExecutor
     departures: Departures = field(default_factory=Departures)

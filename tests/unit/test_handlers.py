@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pytest
@@ -19,7 +20,7 @@ from gpusizer.settings import OperatorSettings, PrometheusSettings
 from gpusizer.startup import Runtime, exit_watchdog
 from gpusizer.workload import Departures
 from kopf._cogs.aiokits import aioenums
-from kopf._cogs.structs import ephemera, finalizers, references
+from kopf._cogs.structs import bodies, ephemera, finalizers, references
 from kopf._core.actions import application
 from kopf._core.engines import indexing
 from kopf._core.intents.handlers import DaemonHandler, TimerHandler
@@ -108,8 +109,13 @@ class TouchedClock:
         self.touched.append(key)
 
 
+def raw_event(kind: bodies.RawEventType, body: dict[str, Any]) -> bodies.RawEvent:
+    """A watch event as kopf's stream hands it over: the body itself, not a copy."""
+    return {"type": kind, "object": cast(bodies.RawBody, body)}
+
+
 async def process(
-    events: list[dict[str, Any]], memo: ephemera.Memo | None = None
+    events: list[bodies.RawEvent], memo: ephemera.Memo | None = None
 ) -> list[dict[str, Any]]:
     """Each event through kopf's own event processing with the registered watch handlers and
     a daemon that holds the body; the metadata of the body kopf keeps after each."""
@@ -136,7 +142,7 @@ async def process(
             memories=memories,
             memobase=memo,
             resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
-            raw_event=raw,  # type: ignore[arg-type]  # a RawEvent is this dict
+            raw_event=raw,
             event_queue=asyncio.Queue(),
         )
         body = (await memories.recall(raw["object"])).daemons_memory.live_fresh_body
@@ -159,8 +165,8 @@ def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
     created, changed = asyncio.run(
         process(
             [
-                {"type": "ADDED", "object": workload_body("1", FINALIZER)},
-                {"type": "MODIFIED", "object": workload_body("2", FINALIZER)},
+                raw_event("ADDED", workload_body("1", FINALIZER)),
+                raw_event("MODIFIED", workload_body("2", FINALIZER)),
             ]
         )
     )
@@ -197,8 +203,8 @@ def test_an_event_of_a_workload_has_the_clock_ask_it_at_the_next_read() -> None:
     asyncio.run(
         process(
             [
-                {"type": "ADDED", "object": workload_body("1", FINALIZER)},
-                {"type": "MODIFIED", "object": workload_body("2", FINALIZER)},
+                raw_event("ADDED", workload_body("1", FINALIZER)),
+                raw_event("MODIFIED", workload_body("2", FINALIZER)),
             ],
             memo,
         )
@@ -227,7 +233,7 @@ async def test_a_workload_carries_no_finalizer_and_its_deletion_ends_its_turns(
     runtime = Runtime(
         services(FakeMetrics(), FakeTargets()),
         Memory(),
-        FakeStatus(),  # type: ignore[arg-type]  # a StatusSink, as the runtime's writer is
+        FakeStatus(),
         CycleClock(never_fetched, period_seconds=3600),
         ThreadPoolExecutor(max_workers=1),
     )
@@ -238,7 +244,7 @@ async def test_a_workload_carries_no_finalizer_and_its_deletion_ends_its_turns(
     memories = inventory.ResourceMemories()
     settings = kopf.OperatorSettings()
 
-    async def event(kind: str | None, body: dict[str, Any]) -> None:
+    async def event(kind: bodies.RawEventType, body: dict[str, Any]) -> None:
         await processing.process_resource_event(
             lifecycle=kopf.lifecycles.all_at_once,
             indexers=indexers,
@@ -247,7 +253,7 @@ async def test_a_workload_carries_no_finalizer_and_its_deletion_ends_its_turns(
             memories=memories,
             memobase=memobase,
             resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
-            raw_event={"type": kind, "object": body},  # type: ignore[arg-type]
+            raw_event=raw_event(kind, body),
             event_queue=asyncio.Queue(),
         )
 
@@ -307,7 +313,8 @@ def test_api_requests_outlast_an_api_server_restart() -> None:
         patch.setattr("gpusizer.startup.start", lambda *args: started.append(args))
         asyncio.run(configure.fn(settings=settings, memo=memo))
     assert started, "configure built the runtime"
-    assert sum(settings.networking.error_backoffs) >= 300  # type: ignore[arg-type]
+    backoffs = settings.networking.error_backoffs
+    assert sum(backoffs if isinstance(backoffs, Iterable) else [backoffs]) >= 300
 
 
 def test_a_stopped_operator_that_hangs_exits_anyway() -> None:
