@@ -213,7 +213,7 @@ def pin_malloc_mmap_threshold() -> bool:
 # Young collections every 50,000 allocations rather than 700: with the default, a full read's
 # decoded JSON and a decision's temporaries were alive at a young collection often enough to be
 # promoted, and full collections (every object of thousands of workloads, with the GIL held)
-# stalled the event loop for seconds (bench/README.md).
+# stalled the event loop (figures: bench/README.md).
 GC_THRESHOLDS = (50_000, 20, 100)
 
 

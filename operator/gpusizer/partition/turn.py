@@ -635,7 +635,7 @@ async def partition_turn(
         turn.states.append(state)
     turn.check_spec()
     demand = turn.demand()
-    # a few hundred GPUs take a second or more to plan (bench/README.md): off the event loop
+    # a plan's time grows with the nodes (bench/README.md, GPU partitioning): off the event loop
     plan = await asyncio.to_thread(turn.plan, demand)
     for state in turn.states:
         if state.record is not None and not state.behind:
