@@ -140,6 +140,17 @@ def wait_for_series(url: str, pods: int, timeout: float = 300) -> None:
         time.sleep(1)
 
 
+def wait_for_scrapes(url: str, more: int, timeout: float = 120) -> None:
+    """Until every target has been scraped `more` times again: rates and ages need them."""
+    scraped = "min(count_over_time(up[1h]))"  # per target, since Prometheus started
+    first = float(instant(url, scraped)[0]["value"][1])
+    deadline = time.monotonic() + timeout
+    while float(instant(url, scraped)[0]["value"][1]) < first + more:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Prometheus did not scrape every target {more} more times")
+        time.sleep(1)
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -273,7 +284,7 @@ def main() -> None:
     baseline_tree: Path | None = None
     try:
         wait_for_series(url, args.pods)
-        time.sleep(10)  # two more scrapes of every target: rates and ages settle
+        wait_for_scrapes(url, more=2)
         results: dict[str, Any] = {}
         if args.baseline:
             baseline_tree = workdir / "baseline"
