@@ -33,6 +33,14 @@ def read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
+class KubectlFailed(subprocess.CalledProcessError):
+    """A failed kubectl call whose message carries kubectl's own error, which pytest's report
+    of a plain CalledProcessError leaves out."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr: {self.stderr.strip()}"
+
+
 def kubectl_binary() -> str:
     venv = REPO / ".venv" / "bin" / "kubectl"
     return str(venv) if venv.exists() else "kubectl"
@@ -103,14 +111,17 @@ class Cluster:
         stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster (admin identity unless ``kubeconfig`` is given)."""
-        return subprocess.run(
+        result = subprocess.run(
             [kubectl_binary(), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args],
             text=True,
             capture_output=True,
             input=stdin,
             timeout=120,
-            check=check,
+            check=False,
         )
+        if check and result.returncode != 0:
+            raise KubectlFailed(result.returncode, result.args, result.stdout, result.stderr)
+        return result
 
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)

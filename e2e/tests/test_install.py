@@ -362,10 +362,19 @@ def test_helm_namespaced_install_grants_only_watched_namespaces(
 # --- kubectl apply -k deploy/ -----------------------------------------------------------
 
 
+def apply_deploy(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply -k deploy/`, first waiting out an earlier uninstall's namespace: the API
+    server refuses new objects in a namespace that is still terminating."""
+    namespace = get(cluster, "namespace", OPERATOR_NAMESPACE)
+    if namespace is not None and namespace["status"].get("phase") == "Terminating":
+        wait_gone(cluster, "namespace", OPERATOR_NAMESPACE)
+    return cluster.kubectl("apply", "-k", str(DEPLOY))
+
+
 def test_kubectl_apply_install_twice_then_delete(
     cluster: Cluster, user_workload: UserWorkload
 ) -> None:
-    first = cluster.kubectl("apply", "-k", str(DEPLOY))
+    first = apply_deploy(cluster)
     assert f"customresourcedefinition.apiextensions.k8s.io/{CRD}" in first.stdout
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
     # The namespace enforces the "restricted" Pod Security Standard: the pod was admitted.
@@ -500,13 +509,14 @@ def test_kubectl_delete_with_sizings_leaves_nothing_stuck(
 ) -> None:
     """`kubectl delete -k deploy/` deletes the CRD, so every WorkloadSizing, and the RBAC the
     operator would need to release a finalizer: it completes, the operator running or not."""
-    cluster.kubectl("apply", "-k", str(DEPLOY))
+    apply_deploy(cluster)
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
     account = (OPERATOR_NAMESPACE, "gpusizer")
     with operator_handling(cluster, user_workload, tmp_path, account, runs):
         before = user_workload.snapshot()
         cluster.kubectl("delete", "-k", str(DEPLOY), "--wait=false")
         wait_gone(cluster, "crd", CRD)  # the CRD goes last: after every WorkloadSizing
+        wait_gone(cluster, "namespace", OPERATOR_NAMESPACE)
         user_workload.assert_untouched(before)
 
 
