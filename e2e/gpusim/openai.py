@@ -45,6 +45,20 @@ class ServingPod:
     workload: WorkloadKey
     model: str
     token_seconds: float
+    running_since: float = 0.0
+    """When its container started: of two pods at one address, the later one serves."""
+
+
+def one_per_address(pods: Iterable[ServingPod]) -> dict[str, ServingPod]:
+    """uid -> pod, keeping at each address the pod that started last. kwok hands a deleted
+    pod's IP to a new pod, possibly before the emulator has seen the deletion: the old pod's
+    listener would hold the address and answer, counted, for the wrong workload."""
+    newest: dict[tuple[str, int], ServingPod] = {}
+    for pod in pods:
+        known = newest.get((pod.address, pod.port))
+        if known is None or pod.running_since > known.running_since:
+            newest[(pod.address, pod.port)] = pod
+    return {pod.uid: pod for pod in newest.values()}
 
 
 def answer_tokens(prompt: str, max_tokens: int) -> list[str]:
@@ -119,7 +133,7 @@ class OpenAIEndpoints:
         await self._web.shutdown(1.0)
 
     async def _sync(self, pods: Sequence[ServingPod]) -> None:
-        wanted = {p.uid: p for p in pods}
+        wanted = one_per_address(pods)
         for uid in list(self._servers):
             pod, server = self._servers[uid]
             if wanted.get(uid) != pod:

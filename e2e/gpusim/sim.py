@@ -185,6 +185,7 @@ class Simulator:
                         token_seconds=annotation(
                             pod.annotations, TOKEN_SECONDS, DEFAULT_TOKEN_SECONDS
                         ),
+                        running_since=pod.running_since or 0.0,
                     )
                 )
             return found

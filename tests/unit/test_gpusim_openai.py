@@ -68,3 +68,19 @@ def test_bad_requests_say_what_is_wrong_and_a_pod_that_went_stops_serving(
     served.update([])
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/health", timeout=10)
+
+
+def test_of_two_pods_at_one_address_the_later_one_serves(
+    endpoints: tuple[OpenAIEndpoints, str],
+) -> None:
+    """kwok gives a deleted pod's IP to a new pod, maybe before the emulator saw the deletion:
+    the new pod's workload must be the one that answers, and is counted."""
+    served, url = endpoints
+    port = int(url.rsplit(":", 1)[1])
+    old = ServingPod("uid-1", "127.0.0.1", port, ("llm", "chat"), "llama", 0.001, 10.0)
+    new = ServingPod("uid-2", "127.0.0.1", port, ("other", "chat"), "llama", 0.001, 20.0)
+    served.update([old, new])
+    body = {"model": "llama", "prompt": "a", "max_tokens": 1}
+    assert requests.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 200
+    assert served.served.describe(("other", "chat"))["httpRequests"] == 1
+    assert served.served.describe(("llm", "chat"))["httpRequests"] == 0
