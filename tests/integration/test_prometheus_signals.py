@@ -10,7 +10,13 @@ from gpusizer.settings import PrometheusSettings
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.prometheus import PrometheusSource
-from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, queue_signal
+from gpusizer.signals.queries import (
+    GPU_UTIL,
+    MEMORY,
+    MIG_UTIL,
+    full_read_queries,
+    queue_signal,
+)
 from gpusizer.signals.reader import read_full, read_moved
 from gpusizer.vocabulary import Reason
 
@@ -83,6 +89,24 @@ async def test_exported_labels(prometheus: str, exporter: Exporter) -> None:
     )
     _, got = await observe(prometheus, pods("a"))
     assert got.signals.gpu_utilization == 33
+
+
+def idle_gpu(gpu: int) -> str:
+    """An unallocated GPU: dcgm-exporter gives it no pod labels."""
+    labels = BASE.format(gpu=gpu, pod="idle")
+    return f'DCGM_FI_DEV_GPU_UTIL{{{labels},Hostname="gpu-a"}} 0\n'
+
+
+async def test_idle_gpus_are_not_asked_for(prometheus: str, exporter: Exporter) -> None:
+    """The DCGM queries ask only for held GPUs: Prometheus returns no group for the idle ones,
+    which used to arrive as one series of empty pod labels, built from every idle GPU."""
+    exporter.set(whole("a", "50") + idle_gpu(1) + idle_gpu(2) + queue("a", "0"))
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    result, problem = await source.query(full_read_queries([])[GPU_UTIL].promql, GPU_UTIL)
+    assert problem is None
+    assert sorted(series["metric"].get("pod", "") for series in result) == ["a", "a"], result
+    _, got = await observe(prometheus, pods("a"))
+    assert got.signals.gpu_utilization == 50
 
 
 async def test_mig_instance_reads_gr_engine_active(prometheus: str, exporter: Exporter) -> None:

@@ -32,7 +32,7 @@ def test_every_servers_counters_are_read_and_increases_are_taken_before_summing(
         for counter in filter(None, counters.values()):
             # increase() of each series, then the sum: a sum of counters has no resets to see
             assert f"increase({counter}[600s])" in promql
-    assert 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{GPU_I_ID=""}' in history["energy"].promql
+    assert 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{GPU_I_ID="", pod!=""}' in history["energy"].promql
 
 
 def test_mig_energy_is_read_per_instance_never_summed_per_pod() -> None:

@@ -24,11 +24,17 @@ MIG_UTIL = "mig_util"
 MEMORY = "memory"
 KV_CACHE = "kv_cache"
 
+# dcgm-exporter labels a GPU or MIG instance with the pod holding it, and an unallocated one
+# with no pod: asking only for held ones spares Prometheus every idle GPU's series. Behind a
+# ServiceMonitor without honorLabels `pod` names the exporter, so the matcher keeps every series
+# and the idle ones are dropped when parsed (`parse.pod_key`).
+HELD = 'pod!=""'
+
 # signal: (selector, scale, how a pod's GPUs combine)
 BATCHED_SIGNALS: dict[str, tuple[str, float, str]] = {
-    GPU_UTIL: ("DCGM_FI_DEV_GPU_UTIL", 1.0, "mean"),
-    MIG_UTIL: ('DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_ID!=""}', 100.0, "mean"),
-    MEMORY: ("DCGM_FI_DEV_FB_USED", 1.0, "max"),
+    GPU_UTIL: (f"DCGM_FI_DEV_GPU_UTIL{{{HELD}}}", 1.0, "mean"),
+    MIG_UTIL: (f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!="", {HELD}}}', 100.0, "mean"),
+    MEMORY: (f"DCGM_FI_DEV_FB_USED{{{HELD}}}", 1.0, "max"),
 }
 
 # vLLM's share (0-1) of its KV cache in use: an LLM server saturates here before its GPU shows it
@@ -189,13 +195,15 @@ def history_queries(window_seconds: int) -> dict[str, PodQuery]:
     by = f"by ({POD_LABELS})"
     queries = {
         "peak_memory": PodQuery(
-            f"max {by} (quantile_over_time({PEAK_QUANTILE}, DCGM_FI_DEV_FB_USED{w}))",
+            f"max {by} (quantile_over_time({PEAK_QUANTILE}, DCGM_FI_DEV_FB_USED{{{HELD}}}{w}))",
             1.0,
             "max",
         ),
-        "utilization": PodQuery(f"avg {by} (avg_over_time(DCGM_FI_DEV_GPU_UTIL{w}))", 1.0, "mean"),
+        "utilization": PodQuery(
+            f"avg {by} (avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{HELD}}}{w}))", 1.0, "mean"
+        ),
         "mig_utilization": PodQuery(
-            f'avg {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!=""}}{w}))',
+            f'avg {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID!="", {HELD}}}{w}))',
             100.0,
             "mean",
         ),
@@ -204,10 +212,12 @@ def history_queries(window_seconds: int) -> dict[str, PodQuery]:
         increases = " or ".join(f"increase({c}{w})" for c in counters.values() if c is not None)
         queries[signal] = PodQuery(f"sum {by} ({increases})", 1.0, "sum")
     queries[ENERGY] = PodQuery(
-        f"sum {by} (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{WHOLE_GPU}}}{w}))", 1.0, "sum"
+        f"sum {by} (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{WHOLE_GPU}, {HELD}}}{w}))",
+        1.0,
+        "sum",
     )
     queries[POWER] = PodQuery(
-        f"sum {by} (avg_over_time(DCGM_FI_DEV_POWER_USAGE{{{WHOLE_GPU}}}{w}))", 1.0, "sum"
+        f"sum {by} (avg_over_time(DCGM_FI_DEV_POWER_USAGE{{{WHOLE_GPU}, {HELD}}}{w}))", 1.0, "sum"
     )
     return queries
 
