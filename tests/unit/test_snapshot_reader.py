@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from gpusizer.api.v1alpha1 import Server
+from gpusizer.signals.health import failed_whole
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, MOVE_MARGIN_SECONDS, queue_signal
 from gpusizer.signals.reader import SnapshotReader, read_moved
@@ -145,3 +146,18 @@ async def test_a_memory_read_that_failed_stays_failed_until_the_next() -> None:
     now[0] += 5
     kept = await reader.read()
     assert kept.errors[MEMORY] == NAN and MEMORY not in kept.signals
+
+
+async def test_an_outage_inside_the_memory_period_is_an_outage() -> None:
+    """GPU memory carried from the read before is not an answer: a full read whose every query
+    failed is an outage even while the memory it keeps between its reads is known."""
+    now = [0.0]
+    memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)})
+    metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
+    reader = SnapshotReader(metrics, Server, 5, slow_every_seconds=60, monotonic=lambda: now[0])
+    assert failed_whole(await reader.read()) is None
+    metrics.down = Problem(Reason.QUERY_ERROR, "HTTP Status Code 500")
+    now[0] += 5
+    failing = await reader.read()
+    assert failing.signals[MEMORY] is memory  # still carried
+    assert failed_whole(failing) == metrics.down

@@ -42,10 +42,15 @@ class PrometheusState:
 
 
 def failed_whole(snapshot: Snapshot) -> Problem | None:
-    """The first failure of a full read in which every query failed; None if any answered."""
-    if not snapshot.full or snapshot.signals or not snapshot.errors:
+    """The first failure of a full read in which every query it sent failed; None if any
+    answered. What it carried from an earlier read answered nothing now: counted, GPU memory
+    kept between its reads hid every outage that began inside its period."""
+    if not snapshot.full:
         return None
-    return next(iter(snapshot.errors.values()))
+    if any(name not in snapshot.carried for name in snapshot.signals):
+        return None
+    failures = [p for name, p in snapshot.errors.items() if name not in snapshot.carried]
+    return failures[0] if failures else None
 
 
 def newest_sample(snapshot: Snapshot) -> float | None:

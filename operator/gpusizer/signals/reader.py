@@ -45,6 +45,7 @@ async def read_full(
                 snap.signals[name] = slow_from.signals[name]
             if name in slow_from.errors:
                 snap.errors[name] = slow_from.errors[name]
+        snap.carried = SLOW_SIGNALS
     return snap
 
 

@@ -20,6 +20,8 @@ class Snapshot:
     signals: dict[str, PodSamples] = field(default_factory=dict)
     errors: dict[str, Problem] = field(default_factory=dict)
     full: bool = True  # whether every signal was read for every pod at `time`
+    carried: frozenset[str] = frozenset()
+    """Signals taken from an earlier read (SLOW_SIGNALS between their reads), not asked now."""
 
 
 def moved_pods(before: Snapshot | None, after: Snapshot) -> frozenset[PodKey]:
