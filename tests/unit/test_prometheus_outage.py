@@ -18,7 +18,13 @@ from gpusizer.reconcile import Services, reconcile
 from gpusizer.report import metrics
 from gpusizer.report.status import RefreshBudget
 from gpusizer.report.turn import OutageDamping
-from gpusizer.signals.health import Outage, PrometheusHealth, PrometheusState, failed_whole
+from gpusizer.signals.health import (
+    SETTLE_SECONDS,
+    Outage,
+    PrometheusHealth,
+    PrometheusState,
+    failed_whole,
+)
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.queries import GPU_UTIL, request_rate_signal
 from gpusizer.signals.snapshot import Snapshot
@@ -332,3 +338,29 @@ async def test_a_short_failure_of_the_autoscaler_list_re_announces_nothing() -> 
     long = await turn(NOW + 200, error_since=NOW + 15)  # past the grace: said
     ready = next(c for c in long.status_patch["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "AutoscalerCheckFailed"
+
+
+def test_an_outage_lasts_until_every_target_was_scraped_again_or_settled() -> None:
+    """A restarted Prometheus scrapes its targets one by one: while some pods' samples are
+    from before the outage, it goes on (the soak's seed 27 otherwise posted a StaleSamples
+    Event for every workload whose target came later), but no longer than SETTLE_SECONDS
+    after the first new sample, for a target may be down for a reason of its own."""
+    health = PrometheusHealth()
+    health.observe(at(snapshot(None, [pod("chat-0")]), NOW + 1))
+
+    def read(now: float, ages: dict[str, float]) -> Snapshot:
+        samples = {(NS, name): Sample(70.0, age) for name, age in ages.items()}
+        return Snapshot(now, signals={GPU_UTIL: PodSamples(samples, read_at=now)})
+
+    assert health.observe(read(NOW + 10, {"a": 30, "b": 30})).down is not None
+    assert health.observe(read(NOW + 15, {"a": 2, "b": 35})).down is not None, "b not yet"
+    assert health.observe(read(NOW + 20, {"a": 2, "b": 2})).down is None, "all scraped again"
+
+    health.observe(at(snapshot(None, [pod("chat-0")]), NOW + 100))
+    first_new = NOW + 110
+    assert health.observe(read(first_new, {"a": 2, "b": 120})).down is not None
+    later = first_new + SETTLE_SECONDS - 1
+    assert health.observe(read(later, {"a": 2, "b": 180})).down is not None
+    settled = health.observe(read(first_new + SETTLE_SECONDS, {"a": 2, "b": 181}))
+    assert settled.down is None and settled.outage is not None
+    assert settled.outage.until == first_new + SETTLE_SECONDS

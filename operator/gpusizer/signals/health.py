@@ -53,19 +53,25 @@ def failed_whole(snapshot: Snapshot) -> Problem | None:
     return failures[0] if failures else None
 
 
-def newest_sample(snapshot: Snapshot) -> float | None:
-    """When the newest scraped sample of a read was taken (None: it has none). The replica
-    signals only: a rate() is stamped when Prometheus evaluates it, so a restarted Prometheus
-    answers the request rate at once, "new", over the samples it had before."""
-    newest = None
+def scraped_before(snapshot: Snapshot, moment: float) -> tuple[int, int]:
+    """How many of a read's scraped samples were taken before `moment`, of how many. The
+    replica signals only: a rate() is stamped when Prometheus evaluates it, so a restarted
+    Prometheus answers the request rate at once, "new", over the samples it had before."""
+    before = total = 0
     for signal, samples in snapshot.signals.items():
         if signal not in REPLICA_SIGNALS:
             continue
         read_at = snapshot.time if samples.read_at is None else samples.read_at
         for sample in samples.samples.values():
-            taken = read_at - sample.age
-            newest = taken if newest is None else max(newest, taken)
-    return newest
+            total += 1
+            before += read_at - sample.age <= moment
+    return before, total
+
+
+SETTLE_SECONDS = 60.0
+"""How long after a Prometheus that was out first shows new samples the outage may go on
+while some of its targets have not been scraped again: longer than a scrape interval, so that
+a restarted Prometheus has scraped every target that is up."""
 
 
 class PrometheusHealth:
@@ -74,19 +80,21 @@ class PrometheusHealth:
 
     def __init__(self) -> None:
         self.state = PrometheusState()
+        self._scraping_since: float | None = None  # an outage's first read with new samples
         metrics.PROMETHEUS_AVAILABLE.set(1)
 
     def observe(self, snapshot: Snapshot) -> PrometheusState:
-        """An outage ends at the first full read with data scraped since it began: a
-        Prometheus that was restarted answers at once, with its samples of before, every
-        workload's too old, until its first scrapes."""
+        """An outage ends at the first full read whose samples were all scraped since it
+        began, or SETTLE_SECONDS after the first read with any: a Prometheus that was
+        restarted answers at once with its samples of before, every workload's too old, and
+        scrapes its targets again one by one. Ending it at its first new sample made every
+        workload whose target came later say StaleSamples, an Event each."""
         if not snapshot.full:
             return self.state
         problem, down = failed_whole(snapshot), self.state.down
-        if problem is None and down is not None:
-            newest = newest_sample(snapshot)
-            if newest is not None and newest <= down.since:
-                return self.state
+        if problem is None and down is not None and self._scraping(snapshot, down.since):
+            return self.state
+        self._scraping_since = None
         if problem is not None and down is None:
             self.state = PrometheusState(Outage(problem, snapshot.time))
             metrics.PROMETHEUS_AVAILABLE.set(0)
@@ -104,3 +112,14 @@ class PrometheusHealth:
                 "Prometheus answers again after %.0fs unavailable", snapshot.time - down.since
             )
         return self.state
+
+    def _scraping(self, snapshot: Snapshot, since: float) -> bool:
+        """Whether Prometheus, answering again, is still catching up with its targets."""
+        before, total = scraped_before(snapshot, since)
+        if before == 0:
+            return False
+        if before == total:
+            return True  # nothing scraped since it began
+        if self._scraping_since is None:
+            self._scraping_since = snapshot.time
+        return snapshot.time - self._scraping_since < SETTLE_SECONDS
