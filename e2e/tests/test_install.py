@@ -231,11 +231,19 @@ def user_workload(cluster: Cluster) -> Iterator[UserWorkload]:
     cluster.kubectl("delete", "namespace", workload.namespace, "--wait=false", check=False)
 
 
-def fresh_namespace(cluster: Cluster, name: str) -> None:
-    """Create a namespace, first waiting out a previous run's copy that is still terminating."""
+def wait_out_terminating(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    """The namespace, or None once gone if it was terminating: the API server refuses new
+    objects in a namespace that is still terminating."""
     existing = get(cluster, "namespace", name)
     if existing is not None and existing["status"].get("phase") == "Terminating":
         wait_gone(cluster, "namespace", name)
+        return None
+    return existing
+
+
+def fresh_namespace(cluster: Cluster, name: str) -> None:
+    """Create a namespace, first waiting out a previous run's copy that is still terminating."""
+    existing = wait_out_terminating(cluster, name)
     cluster.kubectl("create", "namespace", name, check=existing is None)
 
 
@@ -363,11 +371,8 @@ def test_helm_namespaced_install_grants_only_watched_namespaces(
 
 
 def apply_deploy(cluster: Cluster) -> subprocess.CompletedProcess[str]:
-    """`kubectl apply -k deploy/`, first waiting out an earlier uninstall's namespace: the API
-    server refuses new objects in a namespace that is still terminating."""
-    namespace = get(cluster, "namespace", OPERATOR_NAMESPACE)
-    if namespace is not None and namespace["status"].get("phase") == "Terminating":
-        wait_gone(cluster, "namespace", OPERATOR_NAMESPACE)
+    """`kubectl apply -k deploy/`, first waiting out an earlier uninstall's namespace."""
+    wait_out_terminating(cluster, OPERATOR_NAMESPACE)
     return cluster.kubectl("apply", "-k", str(DEPLOY))
 
 
