@@ -36,7 +36,9 @@ class MetricsSource(Protocol):
         self, wanted: Mapping[str, str]
     ) -> tuple[dict[str, list[LabelledValue]], dict[str, Problem]]:
         """Each query's series with their labels (for what is not per pod: a MIG instance's
-        GPU, a workload's ledger); a query that failed is in the second dict, with the reason."""
+        GPU, a workload's ledger), all evaluated at one instant, so that two windows of one
+        counter see the same latest samples; a query that failed is in the second dict, with
+        the reason."""
         ...
 
 

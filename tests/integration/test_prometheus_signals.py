@@ -109,6 +109,17 @@ async def test_idle_gpus_are_not_asked_for(prometheus: str, exporter: Exporter) 
     assert got.signals.gpu_utilization == 50
 
 
+async def test_a_batch_is_evaluated_at_one_instant(prometheus: str) -> None:
+    """The ledger's 24 h and 7 d rows come from one batch: queried a few milliseconds apart,
+    a counter's increase extrapolated to two different ends, and the week read less than the
+    day."""
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    found, errors = await source.series_batch({f"q{i}": "vector(time())" for i in range(8)})
+    assert errors == {}
+    instants = {values[0].value for values in found.values()}
+    assert len(instants) == 1, instants
+
+
 async def test_mig_instance_reads_gr_engine_active(prometheus: str, exporter: Exporter) -> None:
     labels = BASE.format(gpu=0, pod="m")
     exporter.set(

@@ -36,9 +36,11 @@ class RecordingSource(PrometheusSource):
         super().__init__(PrometheusSettings(url=url, timeout_seconds=5))
         self.sent: list[str] = []
 
-    async def query(self, promql: str, signal: str) -> tuple[Any, Problem | None]:
+    async def query(
+        self, promql: str, signal: str, at: float | None = None
+    ) -> tuple[Any, Problem | None]:
         self.sent.append(promql)
-        return await super().query(promql, signal)
+        return await super().query(promql, signal, at)
 
 
 def one_target() -> FakeTargets:

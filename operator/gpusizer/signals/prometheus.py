@@ -83,12 +83,16 @@ class PrometheusSource:
             max_workers=QUERY_THREADS, thread_name_prefix="prometheus"
         )
 
-    async def query(self, promql: str, signal: str) -> tuple[Any, Problem | None]:
-        """Run one instant query off the event loop; failures become a Problem."""
+    async def query(
+        self, promql: str, signal: str, at: float | None = None
+    ) -> tuple[Any, Problem | None]:
+        """Run one instant query off the event loop, at `at` (Unix seconds) or Prometheus's
+        now; failures become a Problem."""
         started = time.monotonic()
+        params = None if at is None else {"time": f"{at:.3f}"}
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._client.custom_query, promql
+                self._executor, self._client.custom_query, promql, params
             )
         except AuthRejected as exc:
             return None, self._failed(
@@ -155,7 +159,8 @@ class PrometheusSource:
     async def series_batch(
         self, wanted: Mapping[str, str]
     ) -> tuple[dict[str, list[LabelledValue]], dict[str, Problem]]:
-        results = await asyncio.gather(*(self.query(q, n) for n, q in wanted.items()))
+        at = time.time()
+        results = await asyncio.gather(*(self.query(q, n, at) for n, q in wanted.items()))
         found: dict[str, list[LabelledValue]] = {}
         errors: dict[str, Problem] = {}
         for name, (result, problem) in zip(wanted, results, strict=True):
