@@ -77,6 +77,10 @@ def _number(body: dict[str, Any], field: str, default: float | None = None) -> f
 
 class GpusimServer(ThreadingHTTPServer):
     daemon_threads = True
+    # Prometheus opens a connection per scrape (HTTP/1.0), one per GPU node every interval, in
+    # bursts; socketserver's backlog of 5 overflowed at 10,000 workloads and the kernel reset
+    # the connections it could not queue, a control API call among them (bench/README.md).
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], sim: Simulator, options: ExporterOptions) -> None:
         super().__init__(address, _Handler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -254,3 +255,20 @@ def test_not_json_and_unknown_paths(api: Harness) -> None:
     assert status == 400 and answer["error"].startswith("body:")
     assert api.call("GET", "/v1/nothing")[0] == 404
     assert api.call("PUT", "/v1/workloads/llm/chat/replay", {})[0] == 404
+
+
+def test_a_burst_of_connections_is_queued_not_refused() -> None:
+    """Prometheus scrapes every GPU node's target in bursts: connections the server has not yet
+    accepted wait in the listen queue instead of failing."""
+    catalog = load_catalog()
+    sim = Simulator(FakeClusterSource(), catalog, ModelConfig(), clock=lambda: 0.0)
+    server = GpusimServer(("127.0.0.1", 0), sim, ExporterOptions())  # listening, not accepting
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(256):
+            clients.append(socket.create_connection(server.server_address, timeout=0.5))
+    finally:
+        for client in clients:
+            client.close()
+        server.server_close()
+    assert len(clients) == 256
