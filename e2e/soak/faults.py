@@ -17,19 +17,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from e2e.soak.checker import Checker, Window
-from e2e.tests.conftest import Cluster, wait_until
+from e2e.tests.conftest import Cluster, KubectlFailed, wait_until
 from e2e.tests.fault_support import PrometheusProxy
 from e2e.tests.operator_support import Operator, start_prometheus
 
 INVALID_QUEUE_QUERY = "sum(rate(vllm:num_requests_waiting[1m]"  # one parenthesis short
+
+# the longest the control plane is away under another fault (an API server restarted by
+# SIGTERM holds its watches for a minute, then starts; etcd paused up to 20 s)
+CONTROL_PLANE_SECONDS = 180.0
+EDIT_ATTEMPTS = 5
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -121,6 +129,27 @@ def _apiserver_ready(stage: Stage) -> bool:
         return False
 
 
+def _through_control_plane(stage: Stage, edit: Callable[[], T]) -> T:
+    """An edit a fault makes, made once the API server answers: faults overlap, and an edit
+    sent while another fault restarted the API server or paused etcd failed and left the fault
+    half done (a spec counted invalid for the rest of the run that never was)."""
+    for _ in range(EDIT_ATTEMPTS - 1):
+        _wait_for_api(stage)
+        try:
+            return edit()
+        except ApiException as exc:
+            if exc.status and exc.status < 500:
+                raise
+        except (urllib3.exceptions.HTTPError, KubectlFailed):
+            pass
+    _wait_for_api(stage)
+    return edit()
+
+
+def _wait_for_api(stage: Stage) -> None:
+    wait_until(lambda: _apiserver_ready(stage), CONTROL_PLANE_SECONDS, interval=0.5, what="API")
+
+
 def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> None:
     """The process really restarts: its watch cache starts over from etcd, so a watch resumed
     from a resourceVersion of before meets 410 Gone. SIGKILL is a crash; SIGTERM a graceful
@@ -139,7 +168,7 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     # watches would resume from are gone, so they meet 410 Gone (a restarted API server
     # serves a watch from etcd while its cache fills, from before the restart otherwise)
     fault.facts["compacted_to"] = _compact(etcd)
-    wait_until(lambda: _apiserver_ready(stage), 180, interval=0.5, what="kube-apiserver ready")
+    _wait_for_api(stage)
     stage.close(held)
     fault.facts["watch_from_before"] = _watch_from(stage, before)
 
@@ -195,7 +224,7 @@ def _etcd_paused(stage: Stage, rng: random.Random, fault: Injected) -> None:
         time.sleep(rng.uniform(5, 20))
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_until(lambda: _apiserver_ready(stage), 120, interval=0.5, what="the API server again")
+    _wait_for_api(stage)
     stage.close(held)
 
 
@@ -251,11 +280,21 @@ def _target_recreated(stage: Stage, rng: random.Random, fault: Injected) -> None
     name = rng.choice(stage.acting)
     fault.detail, fault.names = name, frozenset({name})
     held = stage.open("held", fault, {name})
-    stage.apps.delete_namespaced_deployment(name, stage.namespace)
+    try:
+        _through_control_plane(
+            stage, lambda: stage.apps.delete_namespaced_deployment(name, stage.namespace)
+        )
+    except Exception:
+        stage.close(held)  # nothing was deleted
+        raise
     time.sleep(rng.uniform(5, 20))
-    with stage.lock:
-        stage.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(stage.deployment(name)))
-        stage.checker.set_replicas(name, 1)
+
+    def recreate() -> None:
+        with stage.lock:
+            stage.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(stage.deployment(name)))
+            stage.checker.set_replicas(name, 1)
+
+    _through_control_plane(stage, recreate)
     stage.close(held)
 
 
@@ -266,14 +305,21 @@ def _invalid_spec(stage: Stage, rng: random.Random, fault: Injected) -> None:
 
     def queue_query(query: str | None) -> None:
         body = {"spec": {"metrics": {"queueQuery": query}}}
-        stage.custom.patch_namespaced_custom_object(
-            "gpusizer.io", "v1alpha1", stage.namespace, "workloadsizings", name, body
+        _through_control_plane(
+            stage,
+            lambda: stage.custom.patch_namespaced_custom_object(
+                "gpusizer.io", "v1alpha1", stage.namespace, "workloadsizings", name, body
+            ),
         )
 
     invalid = stage.open("invalid", fault, {name})
-    queue_query(INVALID_QUEUE_QUERY)
+    try:
+        queue_query(INVALID_QUEUE_QUERY)
+    except Exception:
+        stage.close(invalid)  # the spec never became invalid
+        raise
     time.sleep(rng.uniform(10, 30))
-    queue_query(None)
+    queue_query(None)  # if this fails the spec stays invalid, and the window open
     stage.close(invalid)
 
 
