@@ -140,6 +140,8 @@ class Report:
             return state
         if outage.until is None:
             if state.status is not False:
+                if old.status is False and since is not None and since >= outage.since:
+                    self._outage_says_it = True  # its loss was the outage's: back as quietly
                 return state
         elif not (
             state.status is True
