@@ -80,6 +80,9 @@ class Stage:
         with self.lock:
             return self.checker.window(kind, fault.kind, time.time(), names)
 
+    def api_ready(self) -> bool:
+        return _apiserver_ready(self)
+
     def close(self, *windows: Window) -> None:
         with self.lock:
             for w in windows:
@@ -129,12 +132,15 @@ def _apiserver_ready(stage: Stage) -> bool:
         return False
 
 
-def _through_control_plane(stage: Stage, edit: Callable[[], T]) -> T:
+ApiReady = Callable[[], bool]  # whether the API server answers (`_apiserver_ready`)
+
+
+def _through_control_plane(ready: ApiReady, edit: Callable[[], T]) -> T:
     """An edit a fault makes, made once the API server answers: faults overlap, and an edit
     sent while another fault restarted the API server or paused etcd failed and left the fault
     half done (a spec counted invalid for the rest of the run that never was)."""
     for _ in range(EDIT_ATTEMPTS - 1):
-        _wait_for_api(stage)
+        _wait_for_api(ready)
         try:
             return edit()
         except ApiException as exc:
@@ -142,12 +148,12 @@ def _through_control_plane(stage: Stage, edit: Callable[[], T]) -> T:
                 raise
         except (urllib3.exceptions.HTTPError, KubectlFailed):
             pass
-    _wait_for_api(stage)
+    _wait_for_api(ready)
     return edit()
 
 
-def _wait_for_api(stage: Stage) -> None:
-    wait_until(lambda: _apiserver_ready(stage), CONTROL_PLANE_SECONDS, interval=0.5, what="API")
+def _wait_for_api(ready: ApiReady) -> None:
+    wait_until(ready, CONTROL_PLANE_SECONDS, interval=0.5, what="API")
 
 
 def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> None:
@@ -168,7 +174,7 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     # watches would resume from are gone, so they meet 410 Gone (a restarted API server
     # serves a watch from etcd while its cache fills, from before the restart otherwise)
     fault.facts["compacted_to"] = _compact(etcd)
-    _wait_for_api(stage)
+    _wait_for_api(stage.api_ready)
     stage.close(held)
     fault.facts["watch_from_before"] = _watch_from(stage, before)
 
@@ -224,7 +230,7 @@ def _etcd_paused(stage: Stage, rng: random.Random, fault: Injected) -> None:
         time.sleep(rng.uniform(5, 20))
     finally:
         os.kill(pid, signal.SIGCONT)
-    _wait_for_api(stage)
+    _wait_for_api(stage.api_ready)
     stage.close(held)
 
 
@@ -282,7 +288,8 @@ def _target_recreated(stage: Stage, rng: random.Random, fault: Injected) -> None
     held = stage.open("held", fault, {name})
     try:
         _through_control_plane(
-            stage, lambda: stage.apps.delete_namespaced_deployment(name, stage.namespace)
+            stage.api_ready,
+            lambda: stage.apps.delete_namespaced_deployment(name, stage.namespace),
         )
     except Exception:
         stage.close(held)  # nothing was deleted
@@ -294,7 +301,7 @@ def _target_recreated(stage: Stage, rng: random.Random, fault: Injected) -> None
             stage.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(stage.deployment(name)))
             stage.checker.set_replicas(name, 1)
 
-    _through_control_plane(stage, recreate)
+    _through_control_plane(stage.api_ready, recreate)
     stage.close(held)
 
 
@@ -306,7 +313,7 @@ def _invalid_spec(stage: Stage, rng: random.Random, fault: Injected) -> None:
     def queue_query(query: str | None) -> None:
         body = {"spec": {"metrics": {"queueQuery": query}}}
         _through_control_plane(
-            stage,
+            stage.api_ready,
             lambda: stage.custom.patch_namespaced_custom_object(
                 "gpusizer.io", "v1alpha1", stage.namespace, "workloadsizings", name, body
             ),
