@@ -19,7 +19,9 @@ from gpusizer.actuate.target_view import (
 from gpusizer.api.partitioning import REPARTITION_ANNOTATION, REPARTITION_FAILURE_ANNOTATION
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog import load_catalog
+from gpusizer.charge import LeaseRecord
 from gpusizer.cluster import WorkloadObject
+from gpusizer.lease import LeaseConflict
 from gpusizer.measurement import Measurer
 from gpusizer.partition.objects import ConfigMapRef, GpuNode, PartitionProblem
 from gpusizer.ports import MetricsSource, RouteClient, TargetClient
@@ -313,3 +315,30 @@ class FakeNodes:
         self.config, self.version = text, self.version + 1
         self.writes.append(text)
         return str(self.version)
+
+
+@dataclass
+class FakeLease:
+    """A LeaseStore: one record, versioned as the API server versions it (a write at a stale
+    version conflicts), shared by the replicas of a test."""
+
+    record: LeaseRecord | None = None
+    down: Exception | None = None  # raised by every call, as an API server that is down
+    writes: list[LeaseRecord] = field(default_factory=list)
+    _version: int = 0
+
+    def read(self) -> LeaseRecord | None:
+        if self.down is not None:
+            raise self.down
+        return self.record
+
+    def write(self, record: LeaseRecord) -> LeaseRecord:
+        if self.down is not None:
+            raise self.down
+        current = self.record.version if self.record is not None else ""
+        if record.version != current:
+            raise LeaseConflict(f"409: written at {record.version!r}, now {current!r}")
+        self._version += 1
+        self.record = replace(record, version=str(self._version))
+        self.writes.append(self.record)
+        return self.record

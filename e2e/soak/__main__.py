@@ -40,7 +40,7 @@ from e2e.soak.audit import AuditLog
 from e2e.soak.checker import Checker, Rules
 from e2e.soak.faults import Schedule, Stage, describe, kill_leftovers
 from e2e.tests.conftest import REPO, Cluster, run_script, wait_until
-from e2e.tests.fault_support import PrometheusProxy, peering
+from e2e.tests.fault_support import PrometheusProxy, lease_args, peering
 from e2e.tests.operator_support import (
     Operator,
     deployment_manifest,
@@ -346,8 +346,7 @@ def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                 sync_period=SYNC_SECONDS,
                 prometheus_url=proxy.url,
                 extra_args=[
-                    "--peering",
-                    PEERING,
+                    *lease_args(PEERING),
                     "--reshape-deadline",
                     "120",
                     "--rightsizing-period",

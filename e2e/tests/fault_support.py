@@ -218,9 +218,20 @@ class ApiServerProxy:
         self._listener.close()
 
 
+# where the peered replicas' Lease lives: the operator's namespace, as the chart puts it
+LEASE_NAMESPACE = "gpusizer-system"
+
+
+def lease_args(name: str) -> list[str]:
+    """The `gpusizer run` options of a replica under peering `name`, as the chart gives them."""
+    return ["--peering", name, "--lease", f"{LEASE_NAMESPACE}/{name}"]
+
+
 def peering_objects(name: str) -> str:
-    """A ClusterKopfPeering and the RBAC the chart grants for it when peering is enabled, bound
-    to the operator's ServiceAccount, as one YAML List."""
+    """A ClusterKopfPeering and the RBAC the chart grants for it and for the Lease when peering
+    is enabled, bound to the operator's ServiceAccount, as one YAML List."""
+    account = {"kind": "ServiceAccount", "name": "gpusizer", "namespace": LEASE_NAMESPACE}
+    lease_role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"lease-{name}"}
     objects = [
         {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}},
         {
@@ -250,9 +261,32 @@ def peering_objects(name: str) -> str:
                 "kind": "ClusterRole",
                 "name": f"gpusizer-peering-{name}",
             },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "gpusizer", "namespace": "gpusizer-system"}
+            "subjects": [account],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": f"lease-{name}", "namespace": LEASE_NAMESPACE},
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [name],
+                    "verbs": ["get", "update"],
+                },
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["create"],
+                },
             ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"lease-{name}", "namespace": LEASE_NAMESPACE},
+            "roleRef": lease_role,
+            "subjects": [account],
         },
     ]
     return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects})

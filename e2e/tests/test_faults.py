@@ -23,7 +23,13 @@ import pytest
 from kubernetes import client as k8s
 
 from e2e.tests.conftest import Cluster, wait_until
-from e2e.tests.fault_support import ApiServerProxy, PrometheusProxy, peering
+from e2e.tests.fault_support import (
+    LEASE_NAMESPACE,
+    ApiServerProxy,
+    PrometheusProxy,
+    lease_args,
+    peering,
+)
 from e2e.tests.operator_support import Operator, Workloads, sizing_spec, stop_operators
 
 RESHAPE = "gpusizer.io/reshape"
@@ -347,8 +353,8 @@ def test_two_peered_replicas_only_one_acts(faults: Faults, workloads: Workloads)
     assert workloads.sizing("peered", sizing_spec("peered", replicas={"max": 4})).returncode == 0
     with peering(workloads.cluster, name):
         faults.op.stop()
-        first = faults.operator("peer-a", "--peering", name)
-        second = faults.operator("peer-b", "--peering", name)
+        first = faults.operator("peer-a", *lease_args(name))
+        second = faults.operator("peer-b", *lease_args(name))
         try:
             first.start()
             second.start()
@@ -370,6 +376,15 @@ def test_two_peered_replicas_only_one_acts(faults: Faults, workloads: Workloads)
             )
             assert "active: " in active.log_text() and "paused: " not in active.log_text()
             assert standby.decisions() == 0
+            # the one that acts holds the Lease, and says so
+            assert (active.metric("gpusizer_in_charge"), standby.metric("gpusizer_in_charge")) == (
+                1,
+                0,
+            )
+            holder = workloads.cluster.kubectl_json("get", "lease", name, "-n", LEASE_NAMESPACE)[
+                "spec"
+            ]["holderIdentity"]
+            assert f"-{active.process.pid}-" in holder  # host-pid-random (lease.replica_identity)
 
             # the active one goes away: the standby takes over and acts
             active.stop()
@@ -377,6 +392,9 @@ def test_two_peered_replicas_only_one_acts(faults: Faults, workloads: Workloads)
             workloads.wait_replicas("peered", lambda n: n == 2, 120, "scaled down by the successor")
             assert standby.decisions() > 0
             wait_until(lambda: "active: " in standby.log_text(), 30, what="the successor's log")
+            assert standby.metric("gpusizer_in_charge") == 1
+            # the leaver freed the Lease: the successor did not wait it out
+            assert "in charge" in standby.log_text()
         finally:
             first.stop()
             second.stop()

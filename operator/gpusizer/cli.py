@@ -178,6 +178,13 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "standalone [GPUSIZER_PEERING]",
     )
     p.add_argument(
+        "--lease",
+        default=_env("LEASE"),
+        help="NAMESPACE/NAME of the coordination.k8s.io Lease that the replica in charge holds "
+        "(with --peering: only its holder acts); default: the pod's namespace and the peering "
+        "name [GPUSIZER_LEASE]",
+    )
+    p.add_argument(
         "--log-format",
         choices=["json", "plain", "full"],
         default=_env("LOG_FORMAT", "json"),
@@ -256,6 +263,18 @@ def _run(args: argparse.Namespace) -> int:
             )
             return 2
         activator_service = (namespace, name)
+    lease = None
+    if args.peering:
+        lease_name = args.lease or _default_lease(args.peering)
+        namespace, _, name = (lease_name or "").partition("/")
+        if not namespace or not name:
+            print(
+                "gpusizer run: --lease must be NAMESPACE/NAME"
+                + (f", got {args.lease!r}" if args.lease else " outside a pod (with --peering)"),
+                file=sys.stderr,
+            )
+            return 2
+        lease = (namespace, name)
     try:
         ConfigMapRef.parse(args.mig_config_map)
     except ValueError as exc:
@@ -287,6 +306,8 @@ def _run(args: argparse.Namespace) -> int:
         read_period_seconds=read_period,
         metrics_port=args.metrics_port,
         peering=args.peering,
+        lease=lease,
+        peering_namespace=args.namespace[0] if args.peering and args.namespace else None,
         catalog_file=args.catalog_file,
         rightsizing_period_seconds=args.rightsizing_period,
         reshape_deadline_seconds=args.reshape_deadline,
@@ -303,6 +324,14 @@ def _run(args: argparse.Namespace) -> int:
     tune_garbage_collector()
     run_operator(settings, args.namespace, args.health_address)
     return 0
+
+
+def _default_lease(peering: str) -> str | None:
+    """The pod's namespace and the peering's name; None outside a pod."""
+    from gpusizer.lease import pod_namespace
+
+    namespace = pod_namespace()
+    return f"{namespace}/{peering}" if namespace else None
 
 
 def _add_activator(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

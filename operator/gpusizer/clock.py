@@ -164,6 +164,9 @@ class CycleClock:
         decide_every: int = 1,
     ) -> None:
         self._fetch = fetch
+        # whether this replica acts now: always alone, else while it holds the operator's
+        # Lease (startup.lead); a workload's turn while it does not is skipped (Workload.follow)
+        self.in_charge: Callable[[], bool] = lambda: True
         self._period = period_seconds
         self._decide_every = decide_every
         self._monotonic = monotonic  # for a cycle's age

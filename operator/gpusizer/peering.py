@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import random
@@ -39,26 +38,49 @@ def peers_ahead(status: Mapping[str, Any], priority: int, now: datetime.datetime
     return ahead
 
 
-async def report_peering(
-    client: k8s.ApiClient, name: str, priority: int, period_seconds: float
-) -> None:
-    """kopf says nothing when a replica starts paused behind another: log when this replica is
-    paused and when it takes over, from the ClusterKopfPeering's status."""
-    api = k8s.CustomObjectsApi(client)
-    paused: bool | None = None
-    while True:
+class PeeringView:
+    """Which replicas of a kopf peering are alive and ahead of this one, read from the peering
+    object's status: kopf pauses this replica while any is, and this replica leads (takes the
+    operator's Lease, `lease`) only while none is. It also says so in the log, which kopf does
+    not when a replica starts paused behind another."""
+
+    def __init__(
+        self, client: k8s.ApiClient, name: str, namespace: str | None, priority: int
+    ) -> None:
+        self._api = k8s.CustomObjectsApi(client)
+        self._name = name
+        self._namespace = namespace  # of a KopfPeering; None: the ClusterKopfPeering
+        self._priority = priority
+        self.ahead: list[str] | None = None  # None until first read
+        self._failing = ""
+
+    def leads(self) -> bool:
+        """Whether this replica may lead, as the peering object says now (blocking): no live
+        replica ahead of it. A failed read keeps the last answer (none: False), said once."""
         try:
-            obj = await asyncio.to_thread(
-                api.get_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", name
+            self._refresh()
+            self._failing = ""
+        except Exception as exc:  # the API server is down, or no access: kopf says the rest
+            if str(exc) != self._failing:
+                log.warning("reading the peering %s failed: %s", self._name, exc)
+            self._failing = str(exc)
+        return self.ahead is not None and not self.ahead
+
+    def _refresh(self) -> None:
+        if self._namespace is None:
+            obj = self._api.get_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", self._name
             )
-        except Exception as exc:  # namespaced peering, or no access: kopf still does its job
-            log.debug("not reporting the peering state of %s: %s", name, exc)
-            return
-        ahead = peers_ahead(obj.get("status") or {}, priority, datetime.datetime.now(datetime.UTC))
-        if bool(ahead) != paused:
-            paused = bool(ahead)
-            if paused:
-                log.info("paused: %s of peering %s is in charge", ", ".join(ahead), name)
+        else:
+            obj = self._api.get_namespaced_custom_object(
+                "kopf.dev", "v1", self._namespace, "kopfpeerings", self._name
+            )
+        ahead = peers_ahead(
+            obj.get("status") or {}, self._priority, datetime.datetime.now(datetime.UTC)
+        )
+        if self.ahead is None or bool(ahead) != bool(self.ahead):
+            if ahead:
+                log.info("paused: %s of peering %s is in charge", ", ".join(ahead), self._name)
             else:
-                log.info("active: this replica is in charge for peering %s", name)
-        await asyncio.sleep(period_seconds)
+                log.info("active: no replica is ahead of this one in peering %s", self._name)
+        self.ahead = ahead

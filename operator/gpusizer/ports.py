@@ -3,7 +3,8 @@ activator's routes and the WorkloadSizing status, and what a GPUPartitioning's t
 (nodes, evictions, the mig-parted ConfigMap), as Protocols.
 
 The operator runs `signals.prometheus.PrometheusSource`, `actuate.targets.Targets`,
-`actuate.routes.Routes`, `report.writer.StatusWriter` and `partition.kube.KubeNodes`; tests run
+`actuate.routes.Routes`, `report.writer.StatusWriter`, `partition.kube.KubeNodes` and
+`lease.KubeLease` (which replica is in charge); tests run
 the in-memory fakes in tests/fakes.py, so every branch of a turn has a fast test.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from gpusizer.activation import ActivatorRoute
 from gpusizer.actuate.target_view import SliceChange, TargetView
 from gpusizer.api.v1alpha1 import TargetRef
+from gpusizer.charge import LeaseRecord
 from gpusizer.partition.objects import ConfigMapRef
 from gpusizer.signals.parse import LabelledValue, PodSamples, Problem
 from gpusizer.signals.queries import PodQuery
@@ -114,4 +116,17 @@ class NodeClient(Protocol):
     async def write_config(self, ref: ConfigMapRef, text: str, resource_version: str) -> str:
         """Replace config.yaml, unless the ConfigMap changed since `resource_version`; returns
         the new resourceVersion."""
+        ...
+
+
+class LeaseStore(Protocol):
+    """The operator's Lease. Blocking: `lease.keep_charge` calls it from a thread of its own."""
+
+    def read(self) -> LeaseRecord | None:
+        """None when there is no Lease yet."""
+        ...
+
+    def write(self, record: LeaseRecord) -> LeaseRecord:
+        """Creates it (`record.version` empty) or replaces it at `record.version`; raises
+        `lease.LeaseConflict` when another replica wrote it first."""
         ...

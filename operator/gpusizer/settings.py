@@ -56,6 +56,10 @@ class OperatorSettings:
     read_period_seconds: float | None = None  # at most the sync period; None: the default
     metrics_port: int = 8080
     peering: str | None = None  # a kopf peering name; None runs standalone
+    # with a peering: the Lease (namespace, name) whose holder acts (`charge`), and the
+    # namespace of a KopfPeering (None: the ClusterKopfPeering of a cluster-wide operator)
+    lease: tuple[str, str] | None = None
+    peering_namespace: str | None = None
     catalog_file: str | None = None
     rightsizing_period_seconds: float = 60.0
     reshape_deadline_seconds: float = 600.0

@@ -8,24 +8,30 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from kubernetes import client as k8s
 from prometheus_client import disable_created_metrics, start_http_server
 
 from gpusizer.actuate.routes import Routes
 from gpusizer.actuate.targets import Targets
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.catalog import load_catalog
+from gpusizer.charge import Charge, LeaseRecord
 from gpusizer.clock import CycleClock, FailingSince, fetch_cycle
 from gpusizer.kube import WORKER_THREADS, api_client
+from gpusizer.lease import KubeLease, keep_charge, replica_identity
 from gpusizer.measurement import Measurer
 from gpusizer.memory import Memory
-from gpusizer.peering import report_peering
+from gpusizer.peering import PeeringView
 from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
+from gpusizer.report import metrics
 from gpusizer.report.turn import OutageDamping
 from gpusizer.report.writer import StatusWriter
 from gpusizer.rightsizing import RightSizer
@@ -72,12 +78,52 @@ class Runtime:
         if workload is not None:
             workload.activator_pushed(annotations)
 
+    def took_over(self) -> None:
+        """Every workload decides at once: their turns since kopf started them were held."""
+        for workload in self.workloads.values():
+            workload.nudge()
+
     def activator_replicas_changed(self) -> None:
         """The routes name the activator's replicas: the workloads routed to it rewrite theirs
         at once."""
         for workload in self.workloads.values():
             if workload.routed_to_activator():
                 workload.nudge()
+
+
+def lead(
+    config: OperatorSettings,
+    client: k8s.ApiClient,
+    priority: int,
+    runtime: Runtime,
+    health: PrometheusHealth,
+) -> Coroutine[Any, Any, None]:
+    """With a peering, this replica acts only while it holds the operator's Lease: a replica
+    that takes over starts in the outage of Prometheus its predecessor saw, and decides every
+    workload at once."""
+    assert config.peering is not None and config.lease is not None  # the command line's
+    charge = Charge(replica_identity())
+    runtime.clock.in_charge = lambda: charge.held(time.monotonic())
+    peering = PeeringView(client, config.peering, config.peering_namespace, priority)
+
+    def took_over(predecessor: LeaseRecord | None) -> None:
+        if predecessor is not None and predecessor.prometheus_down_since is not None:
+            holder = predecessor.holder or "that freed the Lease"  # a release keeps it
+            health.inherit(predecessor.prometheus_down_since, holder)
+        runtime.took_over()
+
+    def prometheus_down_since() -> float | None:
+        down = health.state.down
+        return down.since if down is not None else None
+
+    namespace, name = config.lease
+    return keep_charge(
+        charge,
+        KubeLease(client, namespace, name),
+        peering.leads,
+        prometheus_down_since,
+        took_over,
+    )
 
 
 # Once the operator stops, the process exits within this long. kopf, stopping by itself after
@@ -153,11 +199,12 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
         config.once_per_sync_period,
         slow_every_seconds=config.rightsizing_period_seconds,
     )
+    health = PrometheusHealth()
     clock = CycleClock(
         functools.partial(
             fetch_cycle,
             reader,
-            PrometheusHealth(),
+            health,
             functools.partial(autoscalers.get, None),
             FailingSince(),
         ),
@@ -169,15 +216,10 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
     runtime.tasks.append(asyncio.create_task(clock.run()))
     if config.peering:
         runtime.tasks.append(
-            asyncio.create_task(
-                report_peering(
-                    client,
-                    config.peering,
-                    peering_priority,
-                    max(5.0, config.sync_period_seconds),
-                )
-            )
+            asyncio.create_task(lead(config, client, peering_priority, runtime, health))
         )
+    else:
+        metrics.IN_CHARGE.set(1)
     # no `_created` twin for each workload's counters: they were a tenth of the series and
     # rendering /metrics was a large share of the operator's CPU (bench/README.md)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream

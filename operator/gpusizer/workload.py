@@ -135,6 +135,8 @@ class Workload:
                 nudge=self.nudge,
             )
             async for cycle in cycles:
+                if not clock.in_charge():
+                    continue  # a replica not in charge writes nothing, not even a status
                 outcome = await self.decide(cycle, view, services, memory)
                 del cycle  # nor kept while waiting for the next (CycleClock.cycles)
                 if outcome is None:

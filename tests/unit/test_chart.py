@@ -334,9 +334,10 @@ def test_rbac_has_no_wildcards_and_no_secrets(values: dict[str, str]) -> None:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"{where}: wildcard in {field}: {rule}"
         assert "secrets" not in rule["resources"], f"{where}: secrets: {rule}"
-        # it posts events, evicts pods from nodes it re-partitions, and writes the EndpointSlices
-        # that point Services at the activator
+        # it posts events, evicts pods from nodes it re-partitions, writes the EndpointSlices
+        # that point Services at the activator, and creates its Lease (with peering)
         used = {
+            "leases": {"create"},
             "events": {"create"},
             "pods/eviction": {"create"},
             "endpointslices": {"create", "delete"},
@@ -471,6 +472,18 @@ def test_namespaced_mode_uses_roles_and_namespace_flags() -> None:
 def test_peering_flag_and_objects() -> None:
     objs = render(**{"replicaCount": "2", "peering.enabled": "true"})
     assert "--peering=gpusizer" in container(objs)["args"]
+    assert f"--lease={NAMESPACE}/gpusizer" in container(objs)["args"]
+    lease_role = find(objs, "Role", f"{RELEASE}-lease")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    named = next(r for r in lease_role["rules"] if r.get("resourceNames"))
+    assert (named["resources"], named["resourceNames"], set(named["verbs"])) == (
+        ["leases"],
+        ["gpusizer"],
+        {"get", "update"},
+    )
+    binding = find(objs, "RoleBinding", f"{RELEASE}-lease")
+    assert binding["roleRef"]["name"] == f"{RELEASE}-lease"
+    assert binding["subjects"][0]["name"] == RELEASE
     assert find(objs, "Deployment", RELEASE)["spec"]["replicas"] == 2
     assert find(objs, "ClusterKopfPeering", "gpusizer")
     namespaced = render(**{"peering.enabled": "true", "watchNamespaces": '["llm"]'})

@@ -10,7 +10,7 @@ from pathlib import Path
 import gpusizer
 import pytest
 from gpusizer.cli import build_parser, main
-from gpusizer.settings import read_period_seconds
+from gpusizer.settings import OperatorSettings, read_period_seconds
 
 
 def _in_a_fresh_interpreter(code: str) -> str:
@@ -138,3 +138,46 @@ def test_the_activator_takes_its_name_from_its_variable(monkeypatch: pytest.Monk
         ["llm", "batch"],
         8080,
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "pod_namespace", "complaint"),
+    [
+        (["--peering", "gpusizer"], None, "--lease must be NAMESPACE/NAME outside a pod"),
+        (["--peering", "gpusizer", "--lease", "no-slash"], "ops", "got 'no-slash'"),
+    ],
+)
+def test_a_peering_without_a_lease_it_can_name_is_refused(
+    argv: list[str],
+    pod_namespace: str | None,
+    complaint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("gpusizer.lease.pod_namespace", lambda: pod_namespace)
+    monkeypatch.setattr("gpusizer.main.run_operator", lambda *_: pytest.fail("it ran"))
+    assert main(["run", "--prometheus-url", "http://p", *argv]) == 2
+    assert complaint in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "lease", "peering_namespace"),
+    [
+        (["--peering", "gpusizer"], ("ops", "gpusizer"), None),
+        (["--peering", "p", "--lease", "x/y", "--namespace", "llm"], ("x", "y"), "llm"),
+        ([], None, None),
+    ],
+)
+def test_the_lease_defaults_to_the_pods_namespace_and_the_peerings_name(
+    argv: list[str],
+    lease: tuple[str, str] | None,
+    peering_namespace: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[OperatorSettings] = []
+    monkeypatch.setattr("gpusizer.lease.pod_namespace", lambda: "ops")
+    monkeypatch.setattr("gpusizer.main.run_operator", lambda settings, *_: ran.append(settings))
+    monkeypatch.setattr("gpusizer.cli.configure_logging", lambda *_: None)
+    monkeypatch.setattr("gpusizer.cli.tune_garbage_collector", lambda: None)
+    assert main(["run", "--prometheus-url", "http://p", *argv]) == 0
+    assert (ran[0].lease, ran[0].peering_namespace) == (lease, peering_namespace)

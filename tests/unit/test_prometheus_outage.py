@@ -44,6 +44,18 @@ def at(read: Snapshot, now: float) -> Snapshot:
     return dataclasses.replace(read, time=now, signals=signals)
 
 
+def aged(read: Snapshot, age: float) -> Snapshot:
+    """`read` with every sample `age` seconds old."""
+    signals = {
+        name: dataclasses.replace(
+            samples,
+            samples={pod: Sample(s.value, age) for pod, s in samples.samples.items()},
+        )
+        for name, samples in read.signals.items()
+    }
+    return dataclasses.replace(read, signals=signals)
+
+
 @dataclasses.dataclass
 class Fleet:
     """`size` workloads at 70 % on two replicas each, decided once per sync period."""
@@ -70,10 +82,13 @@ class Fleet:
         )
         self.memory = Memory()
 
-    async def period(self, now: float, prometheus_up: bool) -> None:
-        """One full read, then every workload's turn on it."""
+    async def period(self, now: float, prometheus_up: bool, age: float | None = None) -> None:
+        """One full read, its samples `age` seconds old if given, then every workload's turn
+        on it."""
         pods = [p for ps in self.pods.values() for p in ps]
         read = at(snapshot(70.0 if prometheus_up else None, pods), now)
+        if age is not None:
+            read = aged(read, age)
         cycle = Cycle(
             read, autoscalers={}, workloads=self.size, prometheus=self.health.observe(read)
         )
@@ -382,3 +397,35 @@ def test_an_outage_lasts_until_every_target_was_scraped_again_or_settled() -> No
     settled = health.observe(read(first_new + SETTLE_SECONDS, {"a": 2, "b": 181}))
     assert settled.down is None and settled.outage is not None
     assert settled.outage.until == first_new + SETTLE_SECONDS
+
+
+@pytest.mark.parametrize("inherited", [True, False])
+async def test_a_replica_taking_over_in_an_outage_starts_in_it(inherited: bool) -> None:
+    """The replica in charge was killed while Prometheus was out; its successor's first read
+    is of a restarted Prometheus answering with samples from before the outage. Starting in
+    the outage the Lease names, it holds quietly; starting from nothing (the soak, before the
+    Lease), every workload posted StaleSamples."""
+    fleet = Fleet(5)
+    await fleet.period(NOW - 300, prometheus_up=True)  # the predecessor's statuses
+    fleet.memory, fleet.health = Memory(), PrometheusHealth()  # the successor's process
+    if inherited:
+        fleet.health.inherit(NOW - 240, "replica-a")
+    await fleet.period(NOW, prometheus_up=True, age=250)
+    if inherited:
+        assert fleet.health.state.down is not None
+        assert fleet.events == []
+    else:
+        assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}
+
+
+def test_an_outage_of_its_own_is_not_replaced_by_the_predecessors() -> None:
+    health = PrometheusHealth()
+    health.observe(at(snapshot(None, [pod("chat-0")]), NOW))
+    own = health.state.down
+    health.inherit(NOW - 300, "replica-a")
+    assert health.state.down is own
+    fresh = PrometheusHealth()
+    fresh.inherit(NOW - 300, "replica-a")
+    inherited = fresh.state.down
+    assert inherited is not None and inherited.since == NOW - 300
+    assert "replica-a" in inherited.problem.message

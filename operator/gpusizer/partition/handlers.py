@@ -100,6 +100,8 @@ def register(settings: OperatorSettings) -> None:
     async def partition(
         *, name: str, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
     ) -> None:
+        if not memo.runtime.clock.in_charge():
+            return  # another replica holds the operator's Lease (startup.lead)
         partitioner: Partitioner = memo.partitioner
         view = PartitionView(
             nodes=OnePerKey(kwargs["partition_nodes"]),

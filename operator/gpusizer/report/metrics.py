@@ -38,6 +38,11 @@ PROMETHEUS_AVAILABLE = Gauge(
     "0 while Prometheus answers none of the operator's queries (every workload holds its "
     "replicas), else 1: the one signal of such an outage for the whole fleet.",
 )
+IN_CHARGE = Gauge(
+    "gpusizer_in_charge",
+    "1 while this replica holds the operator's Lease and acts (always, without --peering), "
+    "else 0: exactly one replica of an installation says 1.",
+)
 PROMETHEUS_OUTAGES = Counter(
     "gpusizer_prometheus_outages",
     "Times Prometheus stopped answering every query of a read.",

@@ -16,6 +16,8 @@ from gpusizer.report import metrics
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.queries import REPLICA_SIGNALS
 from gpusizer.signals.snapshot import Snapshot
+from gpusizer.timefmt import iso
+from gpusizer.vocabulary import Reason
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,27 @@ class PrometheusHealth:
                 "Prometheus answers again after %.0fs unavailable", snapshot.time - down.since
             )
         return self.state
+
+    def inherit(self, since: float, holder: str) -> None:
+        """A replica taking over starts in the outage its predecessor saw (from the Lease),
+        unless it saw one itself: its first read of a restarted Prometheus, with every sample
+        from before, would otherwise be judged as new and stale, and every workload say
+        StaleSamples (the soak, bench/README.md). The next full read ends it as any outage."""
+        if self.state.down is not None:
+            return
+        problem = Problem(
+            Reason.PROMETHEUS_UNREACHABLE,
+            f"Prometheus unavailable since {iso(since)}, as replica {holder} saw it",
+        )
+        self.state = PrometheusState(Outage(problem, since))
+        self._scraping_since = None
+        metrics.PROMETHEUS_AVAILABLE.set(0)
+        log.warning(
+            "Prometheus has been unavailable since %s, as replica %s saw it: every workload "
+            "holds its replicas until it answers",
+            iso(since),
+            holder,
+        )
 
     def _scraping(self, snapshot: Snapshot, since: float) -> bool:
         """Whether Prometheus, answering again, is still catching up with its targets."""
