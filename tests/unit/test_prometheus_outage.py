@@ -167,6 +167,21 @@ async def test_a_long_outage_flips_each_workload_once_each_way_spread_out() -> N
     assert len(after) <= fleet.size + RefreshBudget().per_second * (240 - 120)
 
 
+async def test_an_outage_beginning_before_the_last_ones_end_was_shown_ends_quietly() -> None:
+    """Seed 27's MetricsRecovered: Prometheus answered again for one read, some workloads'
+    statuses had not yet followed that end when it went out again, and when the second outage
+    ended their losses, written in the first, came back as their own, with an Event each."""
+    fleet = Fleet(size=40)
+    await fleet.run(NOW, 60, down=[])
+    start = NOW + 60
+    first_end = start + 120  # long enough for every status to say it
+    await fleet.run(start, 300, down=[(start, first_end), (first_end + SYNC, first_end + 60)])
+    assert fleet.health.state.previous is not None  # two outages, not one
+    for name in fleet.names:
+        assert transitions(fleet, name, start)[-1] == "True", name
+    assert [e for e in fleet.events if e[0] >= start] == []
+
+
 async def known_again(lost: dict[str, Any], prometheus: PrometheusState) -> tuple[list[str], str]:
     """One workload's turn on a read that knows its metrics, MetricsAvailable having been
     `lost`: the Events it posts, and the status its condition is written with."""

@@ -45,9 +45,27 @@ class OutageDamping:
     grace_seconds: float = 300.0
     spread_seconds: float = 60.0
 
+    def spread(self, workloads: int) -> float:
+        return max(self.spread_seconds, workloads / STATUS_REFRESHES_PER_SECOND)
+
     def offset(self, namespace: str, name: str, workloads: int) -> float:
-        spread = max(self.spread_seconds, workloads / STATUS_REFRESHES_PER_SECOND)
-        return spread * zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
+        return self.spread(workloads) * zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
+
+    def began(self, state: PrometheusState, workloads: int) -> float | None:
+        """When the outage a workload's status may still show began: the one going on or last,
+        or the one before it if this one began within the spread of that one's end, when the
+        statuses were still following it (the soak, seed 27: a loss from the first outage came
+        back under the second as the workload's own, with a MetricsRecovered Event each)."""
+        outage, previous = state.outage, state.previous
+        if outage is None:
+            return None
+        if (
+            previous is not None
+            and previous.until is not None
+            and outage.since - previous.until < self.spread(workloads)
+        ):
+            return previous.since
+        return outage.since
 
     def shown(self, outage: Outage, namespace: str, name: str, workloads: int, now: float) -> bool:
         """Whether this workload's status says the outage's present state (down or over)."""
@@ -136,18 +154,16 @@ class Report:
         old, since = shown
         if first_failure and state.status is False and self._prometheus.down is None:
             return old  # an outage that is over says nothing of this failure
-        if outage is None:
+        began = self._damping.began(self._prometheus, self._workloads)
+        if outage is None or began is None:
             return state
         if outage.until is None:
             if state.status is not False:
-                if old.status is False and since is not None and since >= outage.since:
+                if old.status is False and since is not None and since >= began:
                     self._outage_says_it = True  # its loss was the outage's: back as quietly
                 return state
         elif not (
-            state.status is True
-            and old.status is False
-            and since is not None
-            and since >= outage.since
+            state.status is True and old.status is False and since is not None and since >= began
         ):
             return state  # known all along, or unknown for a reason of its own: said as usual
         self._outage_says_it = True

@@ -33,9 +33,12 @@ class Outage:
 
 @dataclass(frozen=True)
 class PrometheusState:
-    """What a cycle carries about Prometheus: the outage going on, else the last one."""
+    """What a cycle carries about Prometheus: the outage going on, else the last one, and the
+    one before it (whose end some workloads' statuses may not have followed yet when the next
+    began: report.turn)."""
 
     outage: Outage | None = None
+    previous: Outage | None = None
 
     @property
     def down(self) -> Outage | None:
@@ -98,7 +101,7 @@ class PrometheusHealth:
             return self.state
         self._scraping_since = None
         if problem is not None and down is None:
-            self.state = PrometheusState(Outage(problem, snapshot.time))
+            self.state = PrometheusState(Outage(problem, snapshot.time), self.state.outage)
             metrics.PROMETHEUS_AVAILABLE.set(0)
             metrics.PROMETHEUS_OUTAGES.inc()
             log.warning(
@@ -108,7 +111,9 @@ class PrometheusHealth:
                 problem.message,
             )
         elif problem is None and down is not None:
-            self.state = PrometheusState(Outage(down.problem, down.since, snapshot.time))
+            self.state = PrometheusState(
+                Outage(down.problem, down.since, snapshot.time), self.state.previous
+            )
             metrics.PROMETHEUS_AVAILABLE.set(1)
             log.warning(
                 "Prometheus answers again after %.0fs unavailable", snapshot.time - down.since
@@ -126,7 +131,7 @@ class PrometheusHealth:
             Reason.PROMETHEUS_UNREACHABLE,
             f"Prometheus unavailable since {iso(since)}, as replica {holder} saw it",
         )
-        self.state = PrometheusState(Outage(problem, since))
+        self.state = PrometheusState(Outage(problem, since), self.state.outage)
         self._scraping_since = None
         metrics.PROMETHEUS_AVAILABLE.set(0)
         log.warning(
