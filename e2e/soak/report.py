@@ -89,19 +89,33 @@ def per_fault_counts(
     baseline: Mapping[str, Any],
     acting: int,
     grace: float,
+    metrics_back: Mapping[tuple[str, float], float | None] | None = None,
 ) -> list[dict[str, Any]]:
     """What each fault cost: the Events (beyond those the load causes: scale, wake, reshape)
     and the status patches posted from its start to the next fault's (at most `slot` seconds),
     each with its bound. Events: 3, plus 2 per workload a fault on then touched itself (its
     node's exporter down, its target or spec broken: a flip each way); status patches: twice
     the fault-free slots' maximum plus as many, plus one per workload it acts on when
-    Prometheus was out for longer than `grace` (each workload's status says so then)."""
+    Prometheus was out for longer than `grace` (each workload's status says so then). A fault
+    is on for `slot` seconds after its end, or until the metrics it hid were known again
+    (`metrics_back`, seconds after its end by (kind, start)) when that took longer: another
+    fault that stopped the operator (an API server restart, a leader killed) delays the Events
+    of its recovery into later slots (seed 27, 2026-11-26: 67 MetricsRecovered)."""
     ordered = sorted(faults, key=lambda f: f.start)
+    back = metrics_back or {}
+
+    def after_end(f: Injected) -> float:
+        return max(slot, back.get((f.kind, f.start)) or 0.0)
+
     rows = []
     for fault, nxt in zip(ordered, [*ordered[1:], None], strict=True):
         start = fault.start
         stop = min(nxt.start if nxt is not None else math.inf, start + slot)
-        on = [f for f in ordered if f.start < stop and (f.end or math.inf) > start - slot]
+        on = [
+            f
+            for f in ordered
+            if f.start < stop and (f.end if f.end is not None else math.inf) + after_end(f) > start
+        ]
         touched = set().union(*(f.names for f in on if f.names is not None))
         long_outage = any(
             a < stop and b > start and b - a > grace for a, b in outages(ordered, stop)

@@ -54,6 +54,27 @@ def test_each_fault_is_held_to_its_bound() -> None:
     assert [(r["status_patches"], r["status_patches_bound"]) for r in rows] == [(0, 4), (5, 8)]
 
 
+def test_a_fault_stays_on_until_the_metrics_it_hid_are_back() -> None:
+    """The node's exporter came back, but an API server restart kept every replica from
+    deciding for another minute: its workloads' MetricsRecovered came in a later slot."""
+    checker = Checker({n: Rules(n, 1, 6) for n in FLEET})
+    node = Injected("node-scrape-down", T, end=T + 20, names=frozenset({"a", "b"}))
+    later = Injected("conflict-burst", T + 90, end=T + 100)
+    checker.events += [(T + 95, "soak/a", "Normal", "MetricsRecovered")] * 4
+    unaware = per_fault_counts([node, later], checker, 30, {"status_patches_max": 0}, 4, 100)
+    assert (unaware[1]["events"], unaware[1]["events_bound"]) == (4, 3)
+    back = {("node-scrape-down", T): 80.0}
+    aware = per_fault_counts([node, later], checker, 30, {"status_patches_max": 0}, 4, 100, back)
+    assert (aware[1]["events"], aware[1]["events_bound"]) == (4, 7)
+    soon = {("node-scrape-down", T): 5.0}  # back within the slot: no longer on at T + 90
+    assert (
+        per_fault_counts([node, later], checker, 30, {"status_patches_max": 0}, 4, 100, soon)[1][
+            "events_bound"
+        ]
+        == 3
+    )
+
+
 def test_a_long_outage_of_prometheus_lets_every_workload_say_so() -> None:
     checker = Checker({n: Rules(n, 1, 6) for n in FLEET})
     back_to_back = [
