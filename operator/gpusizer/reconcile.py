@@ -329,8 +329,17 @@ async def observe(
         wake = wake_demand(activator, held, services.routes.activators(), query)
         if activator.enabled and (query is None or query[1] is None):
             wake_signal = ACTIVATOR_SIGNAL
+    last = cycle.prometheus.outage
+    outage = (last.since, last.until) if last is not None and last.until is not None else None
     return workload_signals(
-        spec, pods, cycle.snapshot, now, custom_queue=custom, wake=wake, wake_signal=wake_signal
+        spec,
+        pods,
+        cycle.snapshot,
+        now,
+        custom_queue=custom,
+        wake=wake,
+        wake_signal=wake_signal,
+        outage=outage,
     )
 
 

@@ -444,3 +444,28 @@ def test_an_outage_of_its_own_is_not_replaced_by_the_predecessors() -> None:
     inherited = fresh.state.down
     assert inherited is not None and inherited.since == NOW - 300
     assert "replica-a" in inherited.problem.message
+
+
+@pytest.mark.parametrize("came_back", [True, False])
+async def test_a_pod_scaled_up_during_an_outage_is_awaited_after_it(came_back: bool) -> None:
+    """chat-1 turned ready while Prometheus was out; the restarted Prometheus has not scraped
+    it yet. Right after the outage, that is capacity on its way; with no outage behind it, a
+    hole in the data."""
+    seen, new = pod("chat-0", labels={"app": "chat"}), pod("chat-1", labels={"app": "chat"})
+    new = dataclasses.replace(new, ready_since=NOW - 600)
+    outage = Outage(DOWN, NOW - 900, NOW - 5) if came_back else None
+    cycle = Cycle(snapshot(70.0, [seen]), autoscalers={}, prometheus=PrometheusState(outage))
+    outcome = await reconcile(
+        workload(spec(), {}, name="chat", namespace=NS),
+        ClusterView({NS: [seen, new]}, {}),
+        cycle,
+        services(FakeMetrics(), FakeTargets({(NS, "chat"): target(selector="app=chat")})),
+        Memory(),
+        NOW,
+    )
+    available = next(
+        c for c in outcome.status_patch["conditions"] if c["type"] == "MetricsAvailable"
+    )
+    assert (available["status"], available["reason"]) == (
+        ("True", "MetricsOK") if came_back else ("False", "PartialSamples")
+    )

@@ -179,6 +179,22 @@ def test_a_pod_ready_since_the_last_scrape_is_arriving_capacity_not_a_hole() -> 
     assert stale.unobserved == 0 and stale.problems[0].reason == Reason.PARTIAL_SAMPLES
 
 
+def test_a_pod_ready_during_an_outage_is_awaited_from_when_prometheus_came_back() -> None:
+    """Scaled up while Prometheus was out: a restarted Prometheus scrapes its targets one by
+    one, and the new pod is no hole until maxSampleAgeSeconds after it came back. A pod ready
+    before the outage has no such grace."""
+    outage = (NOW - 900, NOW - 5)  # Prometheus out for 15 minutes, back 5 s ago
+    during = dataclasses.replace(pod("new"), ready_since=NOW - 600)
+    before = dataclasses.replace(pod("old"), ready_since=NOW - 1000)
+    snap = snapshot(gpu=samples({"a": 80}), queue=samples({"a": 2}))
+    got = workload_signals(spec(), [pod("a"), during], snap, NOW, outage=outage)
+    assert got.problems == () and got.unobserved == 1
+    held_before = workload_signals(spec(), [pod("a"), before], snap, NOW, outage=outage)
+    assert held_before.problems[0].reason == Reason.PARTIAL_SAMPLES
+    late = workload_signals(spec(), [pod("a"), during], snap, NOW, outage=(NOW - 900, NOW - 300))
+    assert late.problems[0].reason == Reason.PARTIAL_SAMPLES
+
+
 def read_at(when: float, values: dict[str, float], age: float = 5) -> PodSamples:
     """Samples as Prometheus answered at `when`, each `age` seconds old then."""
     return PodSamples(samples={("llm", p): Sample(v, age) for p, v in values.items()}, read_at=when)

@@ -52,19 +52,26 @@ def _not_yet_observed(
     sources: Callable[[PodInfo], Sequence[PodSamples | Problem | None]],
     max_age: float,
     now: float,
+    outage: tuple[float, float] | None,
 ) -> set[PodKey]:
     """Pods that turned ready less than maxSampleAgeSeconds before a signal was read and that
     it has no sample for: the next scrape will show them, so they are capacity on its way, not
-    a hole in the data."""
+    a hole in the data. A pod that turned ready while Prometheus was out (`outage`: the last
+    one's start and end) is counted from when it came back: a restarted Prometheus scrapes its
+    targets one by one, and every workload scaled up during the outage said PartialSamples
+    until it had (the soak, bench/README.md)."""
     fresh = set()
     for pod in pods:
         if pod.ready_since is None:
             continue
         key = (pod.namespace, pod.name)
+        seen_from = pod.ready_since
+        if outage is not None and outage[0] <= pod.ready_since < outage[1]:
+            seen_from = outage[1]
         if any(
             isinstance(s, PodSamples)
             and key not in s.samples
-            and _read_at(s, now) - pod.ready_since < max_age
+            and _read_at(s, now) - seen_from < max_age
             for s in sources(pod)
         ):
             fresh.add(key)
@@ -127,7 +134,9 @@ def workload_signals(
     custom_queue: PodSamples | Problem | None = None,
     wake: tuple[float | None, Problem | None] | None = None,
     wake_signal: str = "wakeQuery",
+    outage: tuple[float, float] | None = None,
 ) -> WorkloadSignals:
+    """`outage`: the start and end of Prometheus's last outage, if one has ended."""
     max_age = float(spec.metrics.max_sample_age_seconds)
     ready = [p for p in pods if p.ready and not p.terminating]
     problems: list[SignalProblem] = []
@@ -146,6 +155,7 @@ def workload_signals(
         lambda pod: [batched(MIG_UTIL if pod.is_mig else GPU_UTIL), queue_source],
         max_age,
         now,
+        outage,
     )
     ready = [p for p in ready if (p.namespace, p.name) not in fresh]
 
