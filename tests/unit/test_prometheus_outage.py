@@ -469,3 +469,24 @@ async def test_a_pod_scaled_up_during_an_outage_is_awaited_after_it(came_back: b
     assert (available["status"], available["reason"]) == (
         ("True", "MetricsOK") if came_back else ("False", "PartialSamples")
     )
+
+
+async def test_samples_gone_stale_while_prometheus_was_out_are_its_tail_not_the_workloads() -> None:
+    """Seed 28: Prometheus answered 500 for a minute, then was killed; restarted, it answered
+    with the samples it had scraped during the 500s, newer than the outage's start (so the
+    outage ended) but past maxSampleAgeSeconds, until it scraped again: every workload said
+    StaleSamples. Within SETTLE_SECONDS of the end such a failure is held quietly; one that
+    lasts longer is the workload's own and said."""
+    fleet = Fleet(size=5, spec=spec(metrics={"maxSampleAgeSeconds": 30}))
+    await fleet.run(NOW, 60, down=[])
+    await fleet.period(NOW + 60, prometheus_up=False)
+    back = NOW + 100
+    for t in range(0, 20, int(SYNC)):  # scraped at NOW + 65, 35 s before `back`
+        await fleet.period(back + t, prometheus_up=True, age=35 + t)
+    assert fleet.health.state.outage is not None and fleet.health.state.outage.until == back
+    await fleet.run(back + 20, 20, down=[])
+    assert [e for e in fleet.events if e[0] >= NOW + 60] == []
+    assert fleet.metrics_flips(NOW + 60) == []
+    for t in range(0, int(SETTLE_SECONDS) + 20, int(SYNC)):  # stale for longer: its own
+        await fleet.period(back + 40 + t, prometheus_up=True, age=35 + t)
+    assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}

@@ -25,7 +25,7 @@ from gpusizer.report.status import (
     status_json,
     status_patch,
 )
-from gpusizer.signals.health import Outage, PrometheusState
+from gpusizer.signals.health import SETTLE_SECONDS, Outage, PrometheusState
 from gpusizer.signals.join import WorkloadSignals
 from gpusizer.signals.parse import PodKey, Problem
 from gpusizer.timefmt import parse_time
@@ -162,6 +162,15 @@ class Report:
                 if old.status is False and since is not None and since >= began:
                     self._outage_says_it = True  # its loss was the outage's: back as quietly
                 return state
+        elif (
+            state.status is False
+            and old.status is not False
+            and self._now < outage.until + SETTLE_SECONDS
+        ):
+            # a Prometheus just back is still catching up: a restarted one answers with the
+            # samples it had, stale by now, until it has scraped again (the soak, seed 28: 166
+            # StaleSamples Events); a failure that outlasts this is the workload's own
+            return old
         elif not (
             state.status is True and old.status is False and since is not None and since >= began
         ):
