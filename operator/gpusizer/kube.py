@@ -4,6 +4,7 @@ kopf's own session, and the shapes kopf's caches come in."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -28,6 +29,23 @@ WORKER_THREADS = 32
 API_TIMEOUT_SECONDS = 10.0
 # kopf's own requests (finalizers, peering) in flight at once; its watches are not counted.
 KOPF_REQUESTS_AT_ONCE = 16
+
+
+class SaidOnce:
+    """A request repeated every few seconds that keeps failing: its failure logged once, and
+    again only when it changes or after the request succeeded."""
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self._logger, self._what = logger, what
+        self._last = ""
+
+    def failed(self, exc: Exception) -> None:
+        if str(exc) != self._last:
+            self._logger.warning("%s failed: %s", self._what, exc)
+        self._last = str(exc)
+
+    def succeeded(self) -> None:
+        self._last = ""
 
 
 def api_client(timeout_seconds: float = API_TIMEOUT_SECONDS) -> k8s.ApiClient:

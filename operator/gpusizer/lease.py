@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpusizer.api.annotations import PROMETHEUS_DOWN_SINCE_ANNOTATION
 from gpusizer.charge import LEASE_SECONDS, RETRY_SECONDS, Charge, LeaseRecord, Step
+from gpusizer.kube import SaidOnce
 from gpusizer.ports import LeaseStore
 from gpusizer.report import metrics
 
@@ -162,7 +163,7 @@ async def keep_charge(
     gets the record this replica replaced when it comes into charge."""
     thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpusizer-lease")
     loop = asyncio.get_running_loop()
-    in_charge, failing = False, ""
+    in_charge, requests = False, SaidOnce(log, "reading or writing the operator's Lease")
     try:
         while True:
             started = monotonic()
@@ -177,13 +178,11 @@ async def keep_charge(
                         took_over(record if step is Step.ACQUIRE else None)
                 elif step is Step.RELEASE and record is not None:
                     await loop.run_in_executor(thread, store.write, charge.released(record))
-                failing = ""
+                requests.succeeded()
             except LeaseConflict:
                 pass  # another replica wrote it first: the next read says who holds it
             except Exception as exc:  # the API server is down: held() runs out by itself
-                if str(exc) != failing:
-                    log.warning("reading or writing the operator's Lease failed: %s", exc)
-                failing = str(exc)
+                requests.failed(exc)
             now_in_charge = charge.held(monotonic())
             if now_in_charge != in_charge:
                 in_charge = now_in_charge

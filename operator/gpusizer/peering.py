@@ -10,6 +10,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from gpusizer.kube import SaidOnce
+
 log = logging.getLogger(__name__)
 
 
@@ -52,18 +54,16 @@ class PeeringView:
         self._namespace = namespace  # of a KopfPeering; None: the ClusterKopfPeering
         self._priority = priority
         self.ahead: list[str] | None = None  # None until first read
-        self._failing = ""
+        self._reads = SaidOnce(log, f"reading the peering {name}")
 
     def leads(self) -> bool:
         """Whether this replica may lead, as the peering object says now (blocking): no live
         replica ahead of it. A failed read keeps the last answer (none: False), said once."""
         try:
             self._refresh()
-            self._failing = ""
+            self._reads.succeeded()
         except Exception as exc:  # the API server is down, or no access: kopf says the rest
-            if str(exc) != self._failing:
-                log.warning("reading the peering %s failed: %s", self._name, exc)
-            self._failing = str(exc)
+            self._reads.failed(exc)
         return self.ahead is not None and not self.ahead
 
     def _refresh(self) -> None:
