@@ -28,6 +28,7 @@ from gpusizer.actuate.target_view import (
     ScaleConflict,
     TargetNotFound,
     TargetProblem,
+    TargetUnanswered,
     TargetView,
 )
 from gpusizer.api.annotations import PAUSE_ANNOTATION, Held, held_requests
@@ -558,6 +559,8 @@ async def act(
         log.info("%s/%s: %s", namespace, name, exc)
         return replace(unchanged, ready=_ready(Reason.ACTING, str(exc)))
     except TargetProblem as exc:
+        if isinstance(exc, TargetUnanswered):  # it may have landed: the watch's copy may be older
+            written_behind_the_watch(checked, memory)
         metrics.WORKLOADS.scale_written(namespace, name, "error")
         return replace(unchanged, ready=_ready(Reason.SCALE_FAILED, str(exc), ready=False))
     metrics.WORKLOADS.scale_written(namespace, name, "ok")

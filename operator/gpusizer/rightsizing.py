@@ -14,7 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpusizer.actuate.target_view import SliceChange, TargetProblem, TargetView
+from gpusizer.actuate.target_view import (
+    SliceChange,
+    TargetProblem,
+    TargetUnanswered,
+    TargetView,
+)
 from gpusizer.api.annotations import (
     PREVIOUS_SLICE_ANNOTATION,
     RESHAPE_ANNOTATION,
@@ -78,7 +83,9 @@ class RightSizingOutcome:
     recommendation: Recommendation | None = None
     events: list[EventIntent] = field(default_factory=list)
     reshaping: bool = False  # replica changes wait while a rollout is in flight
-    wrote: bool = False  # the target was changed (a move, its end, or its rollback)
+    # the target was changed (a move, its end, or its rollback), or may have been: a write
+    # the API server did not answer
+    wrote: bool = False
 
 
 def current_slice(
@@ -403,7 +410,10 @@ class RightSizer:
         try:
             await self._targets.reshape(sized.namespace, spec.target_ref, change)
         except TargetProblem as exc:
-            return RightSizingOutcome(_condition(False, Reason.SCALE_FAILED, str(exc)))
+            return RightSizingOutcome(
+                _condition(False, Reason.SCALE_FAILED, str(exc)),
+                wrote=isinstance(exc, TargetUnanswered),
+            )
         started = (
             f"moving from {sized.target.replicas} x {move.current.name} to {replicas} x "
             f"{best.slice.name}: {move.message}"
@@ -472,6 +482,7 @@ class RightSizer:
             await self._targets.reshape(sized.namespace, spec.target_ref, change)
         except TargetProblem as exc:
             out.condition = _condition(False, Reason.SCALE_FAILED, f"rolling back: {exc}")
+            out.wrote = isinstance(exc, TargetUnanswered)
             return out
         restored = f"restored {origin.slice} ({origin.product}): {detail}"
         out.events.append(EventIntent("Warning", EventReason.RESHAPE_ROLLED_BACK, restored))

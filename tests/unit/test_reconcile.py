@@ -15,6 +15,7 @@ from gpusizer.actuate.target_view import (
     ScaleConflict,
     TargetNotScalable,
     TargetProblem,
+    TargetUnanswered,
     TargetView,
 )
 from gpusizer.api.annotations import (
@@ -408,6 +409,19 @@ async def test_a_conflict_on_a_watched_target_reads_the_api_server_next_turn() -
     assert memory.watch_behind == {}
     _, _, _, memory = await Turn(watched=True).run()  # its own write: the watch is behind it
     assert memory.watch_behind == {(NS, "chat"): "7"}
+
+
+async def test_an_unanswered_write_keeps_its_decision_and_reads_the_target_next_turn() -> None:
+    """The soak: a /scale PUT to 3 landed on an API server killed before it answered; the turn
+    failed whole, its recommendation was lost, and the next turn scaled 3 -> 2 at once."""
+    unanswered = TargetUnanswered("scaling Deployment llm/chat to 3: the API server did not answer")
+    outcome, targets, _, memory = await Turn(watched=True, fail={"write": unanswered}).run()
+    ready = condition(outcome, ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", Reason.SCALE_FAILED.value)
+    assert "did not answer" in ready["message"]
+    assert memory.watch_behind == {(NS, "chat"): "7"}
+    assert [r["replicas"] for r in outcome.status_patch["recommendations"]] == [3]
+    assert targets.writes == []
 
 
 async def test_scaling_to_zero_and_waking_are_events_of_their_own() -> None:

@@ -30,6 +30,11 @@ class ScaleConflict(TargetProblem):
     """Someone else changed the target between our read and our write."""
 
 
+class TargetUnanswered(TargetProblem):
+    """The API server did not answer a write: it may have landed or not, and only a fresh
+    read of the target says which."""
+
+
 @dataclass(frozen=True)
 class TargetView:
     replicas: int

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -27,11 +29,25 @@ from gpusizer.actuate.target_view import (
     TargetNotFound,
     TargetNotScalable,
     TargetProblem,
+    TargetUnanswered,
     TargetView,
     target_view,
 )
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog.models import PRODUCT_LABEL
+
+
+@contextmanager
+def _answered(what: str) -> Iterator[None]:
+    """A request the API server never answered (connection refused or reset, a read timeout,
+    urllib3's retries spent) is a TargetUnanswered: whether a write it carried landed is
+    unknown, and the next turn reads the target again instead of deciding from its copy."""
+    try:
+        yield
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise TargetUnanswered(
+            f"{what}: the API server did not answer ({exc}); the target is read again next cycle"
+        ) from exc
 
 
 class Targets:
@@ -76,76 +92,80 @@ class Targets:
         return await asyncio.to_thread(self._read, namespace, ref)
 
     def _write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
-        _, scale_resource = self._resource(ref)
-        try:
-            scale = scale_resource.get(name=ref.name, namespace=namespace).to_dict()
-        except NotFoundError as exc:
-            raise TargetNotFound(f"{ref.kind} {namespace}/{ref.name} disappeared") from exc
-        now = int((scale.get("spec") or {}).get("replicas") or 0)
-        if now != expected:
-            raise ScaleConflict(
-                f"{ref.kind} {namespace}/{ref.name} changed to {now} replicas since it was read "
-                f"({expected}); deciding again next cycle"
-            )
-        body = {
-            "apiVersion": scale.get("apiVersion"),
-            "kind": scale.get("kind"),
-            "metadata": {
-                "name": ref.name,
-                "namespace": namespace,
-                "resourceVersion": (scale.get("metadata") or {}).get("resourceVersion"),
-            },
-            "spec": {"replicas": replicas},
-        }
-        try:
-            scale_resource.replace(body=body, name=ref.name, namespace=namespace)
-        except ConflictError as exc:
-            raise ScaleConflict(
-                f"{ref.kind} {namespace}/{ref.name} changed while being scaled (409); "
-                "deciding again next cycle"
-            ) from exc
-        except ApiException as exc:
-            raise TargetProblem(f"scaling {ref.kind} {namespace}/{ref.name}: {exc.reason}") from exc
+        with _answered(f"scaling {ref.kind} {namespace}/{ref.name} to {replicas}"):
+            _, scale_resource = self._resource(ref)
+            try:
+                scale = scale_resource.get(name=ref.name, namespace=namespace).to_dict()
+            except NotFoundError as exc:
+                raise TargetNotFound(f"{ref.kind} {namespace}/{ref.name} disappeared") from exc
+            now = int((scale.get("spec") or {}).get("replicas") or 0)
+            if now != expected:
+                raise ScaleConflict(
+                    f"{ref.kind} {namespace}/{ref.name} changed to {now} replicas since it was "
+                    f"read ({expected}); deciding again next cycle"
+                )
+            body = {
+                "apiVersion": scale.get("apiVersion"),
+                "kind": scale.get("kind"),
+                "metadata": {
+                    "name": ref.name,
+                    "namespace": namespace,
+                    "resourceVersion": (scale.get("metadata") or {}).get("resourceVersion"),
+                },
+                "spec": {"replicas": replicas},
+            }
+            try:
+                scale_resource.replace(body=body, name=ref.name, namespace=namespace)
+            except ConflictError as exc:
+                raise ScaleConflict(
+                    f"{ref.kind} {namespace}/{ref.name} changed while being scaled (409); "
+                    "deciding again next cycle"
+                ) from exc
+            except ApiException as exc:
+                raise TargetProblem(
+                    f"scaling {ref.kind} {namespace}/{ref.name}: {exc.reason}"
+                ) from exc
 
     async def write(self, namespace: str, ref: TargetRef, expected: int, replicas: int) -> None:
         """Set replicas, re-reading first: a change made since our read wins over our decision."""
         await asyncio.to_thread(self._write, namespace, ref, expected, replicas)
 
     def _reshape(self, namespace: str, ref: TargetRef, change: SliceChange) -> None:
-        resource, _ = self._resource(ref)
-        limits: dict[str, Any] = {change.new_resource: change.count}
-        if change.old_resource != change.new_resource:
-            limits[change.old_resource] = None  # strategic merge: null deletes the key
-        body = {
-            "metadata": {"annotations": dict(change.annotations)},
-            "spec": {
-                "replicas": change.replicas,
-                "template": {
-                    "spec": {
-                        "nodeSelector": {PRODUCT_LABEL: change.product_label},
-                        "containers": [
-                            {
-                                "name": change.container,
-                                "resources": {"limits": limits, "requests": limits},
-                            }
-                        ],
-                    }
+        with _answered(f"changing the slice of {ref.kind} {namespace}/{ref.name}"):
+            resource, _ = self._resource(ref)
+            limits: dict[str, Any] = {change.new_resource: change.count}
+            if change.old_resource != change.new_resource:
+                limits[change.old_resource] = None  # strategic merge: null deletes the key
+            body = {
+                "metadata": {"annotations": dict(change.annotations)},
+                "spec": {
+                    "replicas": change.replicas,
+                    "template": {
+                        "spec": {
+                            "nodeSelector": {PRODUCT_LABEL: change.product_label},
+                            "containers": [
+                                {
+                                    "name": change.container,
+                                    "resources": {"limits": limits, "requests": limits},
+                                }
+                            ],
+                        }
+                    },
                 },
-            },
-        }
-        try:
-            resource.patch(
-                body=body,
-                name=ref.name,
-                namespace=namespace,
-                content_type="application/strategic-merge-patch+json",
-            )
-        except NotFoundError as exc:
-            raise TargetNotFound(f"{ref.kind} {namespace}/{ref.name} disappeared") from exc
-        except ApiException as exc:
-            raise TargetProblem(
-                f"changing the slice of {ref.kind} {namespace}/{ref.name}: {exc.reason}"
-            ) from exc
+            }
+            try:
+                resource.patch(
+                    body=body,
+                    name=ref.name,
+                    namespace=namespace,
+                    content_type="application/strategic-merge-patch+json",
+                )
+            except NotFoundError as exc:
+                raise TargetNotFound(f"{ref.kind} {namespace}/{ref.name} disappeared") from exc
+            except ApiException as exc:
+                raise TargetProblem(
+                    f"changing the slice of {ref.kind} {namespace}/{ref.name}: {exc.reason}"
+                ) from exc
 
     async def reshape(self, namespace: str, ref: TargetRef, change: SliceChange) -> None:
         """Move the pod template to another slice and set replicas for it, in one change."""
