@@ -168,6 +168,8 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     etcd = _etcd_url(pid)
     (stage.cluster.state_dir / "restart" / "kube-apiserver").write_text("soak\n")
     os.kill(pid, sig)
+    if sig == signal.SIGKILL:
+        stage.checker.audit_may_have_lost(time.time())
     held = stage.open("held", fault)
     wait_until(lambda: not _alive(pid), 120, what="kube-apiserver exit")
     # what the API server does every 5 minutes, done while it is away: the versions the

@@ -124,6 +124,17 @@ def test_a_write_that_changes_nothing_is_a_second_write_for_one_decision() -> No
     assert rules_broken(c) == ["duplicate"]
 
 
+def test_a_write_lost_from_the_audit_log_by_a_killed_api_server_is_no_duplicate() -> None:
+    c = checker()
+    c.observe(scale("w", 4, T))
+    c.audit_may_have_lost(T + 10)  # a PUT to 5 lands, and the API server dies unaudited
+    c.observe(scale("w", 4, T + 9))  # audited before the kill, read after it
+    c.observe(scale("w", 4, T + 12))
+    c.observe(scale("w", 4, T + 20))
+    assert rules_broken(c) == ["duplicate"], "judged again from the first write after the kill"
+    assert c.writes == 4 and c.replicas["w"] == 4
+
+
 def test_conflicts_and_failures_change_nothing_and_are_counted() -> None:
     c = checker()
     c.observe(scale("w", 4, T, code=409))
