@@ -7,7 +7,7 @@ request for what the watches already hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,10 @@ PodLabelKey = tuple[str, str, str]  # namespace, label key, label value
 @dataclass(frozen=True)
 class ClusterView:
     """Pods by namespace and by label, GPU nodes by name, Deployments and StatefulSets by
-    kind, then (namespace, name), and the activator ports the WorkloadSizings hold."""
+    kind, then (namespace, name), and the activator ports the WorkloadSizings hold.
+
+    `gone`: the uids of pods the watch's cache holds that the API server no longer has
+    (`sweep.PodSweep`), left out of every read."""
 
     pods_by_namespace: Mapping[str, Iterable[PodInfo]]
     nodes: Mapping[str, NodeInfo]
@@ -30,6 +33,7 @@ class ClusterView:
     targets: Mapping[str, Mapping[tuple[str, str], TargetView]] | None = None
     # every WorkloadSizing's activator port, as its status records it
     activator_ports: Mapping[int, Iterable[tuple[str, str]]] | None = None
+    gone: Container[str] = frozenset()
 
     def target(self, namespace: str, ref: TargetRef) -> TargetView | None:
         """The target as the watch shows it; None (another kind, or one the watch has not
@@ -40,7 +44,10 @@ class ClusterView:
         return self.targets.get(ref.kind, {}).get((namespace, ref.name))
 
     def pods(self, namespace: str) -> Iterable[PodInfo]:
-        return self.pods_by_namespace.get(namespace, ())
+        return self._present(self.pods_by_namespace.get(namespace, ()))
+
+    def _present(self, pods: Iterable[PodInfo]) -> Iterable[PodInfo]:
+        return (p for p in pods if p.uid not in self.gone)
 
     def selected(self, namespace: str, selector: str) -> list[PodInfo]:
         """The namespace's pods a target's selector matches: through the label index when the
@@ -50,12 +57,12 @@ class ClusterView:
         if term is None or self.pods_by_label is None:
             candidates = self.pods(namespace)
         else:
-            candidates = self.pods_by_label.get((namespace, *term), ())
+            candidates = self._present(self.pods_by_label.get((namespace, *term), ()))
         return [p for p in candidates if matches_selector(p.labels, selector)]
 
     def all_pods(self) -> Iterable[PodInfo]:
         for pods in self.pods_by_namespace.values():
-            yield from pods
+            yield from self._present(pods)
 
 
 @dataclass(frozen=True)

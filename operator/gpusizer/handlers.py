@@ -40,7 +40,7 @@ API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 9)
 
 def register(settings: OperatorSettings) -> None:
     @kopf.on.startup()
-    async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
         config: OperatorSettings = memo.config
         settings.posting.level = logging.CRITICAL  # log lines are not Events; we post our own
         settings.networking.error_backoffs = API_RETRY_BACKOFFS
@@ -51,7 +51,8 @@ def register(settings: OperatorSettings) -> None:
             settings.peering.priority = peering_priority(time.time())
         else:
             settings.peering.standalone = True
-        memo.runtime = startup.start(config, settings.peering.priority)
+        # the pods index is filled later; the sweep reads it live
+        memo.runtime = startup.start(config, settings.peering.priority, kwargs["pods_by_namespace"])
 
     kopf.on.login(id="login")(kopf_login)
 
@@ -136,6 +137,7 @@ def register(settings: OperatorSettings) -> None:
                 "StatefulSet": OnePerKey(kwargs["statefulsets"]),
             },
             activator_ports=kwargs["activator_ports"],
+            gone=memo.runtime.pod_sweep.gone,
         )
         runtime: startup.Runtime = memo.runtime
         workload = Workload(namespace, name, body, logger)

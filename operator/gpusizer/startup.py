@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +40,10 @@ from gpusizer.signals.autoscalers import AutoscalerLister, TargetKey
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import OfferCache
 from gpusizer.signals.health import PrometheusHealth
+from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import HistoryCache, LedgerCache, SnapshotReader
+from gpusizer.sweep import PodSweep, pod_uids
 from gpusizer.workload import Departures, Workload
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class Runtime:
     clock: CycleClock
     executor: ThreadPoolExecutor
     departures: Departures = field(default_factory=Departures)
+    pod_sweep: PodSweep = field(default_factory=PodSweep)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     watching: threading.Event = field(default_factory=threading.Event)  # set: watches stop
     # the workloads this process decides, for the pushes that ask for a turn at once
@@ -146,7 +149,9 @@ def exit_watchdog(seconds: float, exit_now: Callable[[int], object] = os._exit) 
     return timer
 
 
-def start(config: OperatorSettings, peering_priority: int) -> Runtime:
+def start(
+    config: OperatorSettings, peering_priority: int, pods: Mapping[str, Iterable[PodInfo]]
+) -> Runtime:
     """Builds the runtime and starts the cycle clock, the metrics server and, with a peering,
     the report of which replica is in charge."""
     executor = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="gpusizer")
@@ -214,6 +219,9 @@ def start(config: OperatorSettings, peering_priority: int) -> Runtime:
     runtime = Runtime(services, Memory(), StatusWriter(client), clock, executor)
     routes.start(runtime.watching)
     runtime.tasks.append(asyncio.create_task(clock.run()))
+    runtime.tasks.append(
+        asyncio.create_task(runtime.pod_sweep.run(pods, functools.partial(pod_uids, client)))
+    )
     if config.peering:
         runtime.tasks.append(
             asyncio.create_task(lead(config, client, peering_priority, runtime, health))

@@ -311,7 +311,7 @@ def test_api_requests_outlast_an_api_server_restart() -> None:
     memo.config = OperatorSettings(PrometheusSettings(url="http://prometheus"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("gpusizer.startup.start", lambda *args: started.append(args))
-        asyncio.run(configure.fn(settings=settings, memo=memo))
+        asyncio.run(configure.fn(settings=settings, memo=memo, pods_by_namespace={}))
     assert started, "configure built the runtime"
     backoffs = settings.networking.error_backoffs
     assert sum(backoffs if isinstance(backoffs, Iterable) else [backoffs]) >= 300

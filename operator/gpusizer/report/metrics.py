@@ -43,6 +43,11 @@ IN_CHARGE = Gauge(
     "1 while this replica holds the operator's Lease and acts (always, without --peering), "
     "else 0: exactly one replica of an installation says 1.",
 )
+PODS_MISSED_DELETIONS = Gauge(
+    "gpusizer_pods_missed_deletions",
+    "Pods the watch's cache still holds that the API server no longer has (deleted while a "
+    "watch was down; kopf keeps them), left out of every decision.",
+)
 PROMETHEUS_OUTAGES = Counter(
     "gpusizer_prometheus_outages",
     "Times Prometheus stopped answering every query of a read.",

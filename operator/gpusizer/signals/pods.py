@@ -29,6 +29,7 @@ class PodInfo:
     created: float | None = None  # creation time, seconds since the epoch
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     ready_since: float | None = None  # when the Ready condition last turned True
+    uid: str = ""
 
     @property
     def starting(self) -> bool:
@@ -107,6 +108,7 @@ def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")),
         unschedulable=unschedulable,
         ready_since=parse_time(ready_condition.get("lastTransitionTime")) if ready else None,
+        uid=str(meta.get("uid") or ""),
     )
 
 
