@@ -73,25 +73,18 @@ func loadNodePools(path string) (*NodePools, error) {
 	return &np, nil
 }
 
-// PodNetwork holds the pods' IPs: a /24 per node, for 512 nodes. The address range is one
-// the Internet never routes (RFC 2544, network benchmarking), and cluster-up.sh routes it to
-// the loopback device (`ip route add local PodNetwork dev lo`), so a process on this host
-// can listen at a pod's IP and nothing sent to one leaves the host. Not 127.0.0.0/8: the
-// API server refuses loopback addresses in EndpointSlices (ValidateEndpointIP in
-// k8s.io/kubernetes pkg/apis/core/validation), and Services must reach these pods.
-const PodNetwork = "198.18.0.0/15"
-
-// podCIDR is node k's share of PodNetwork; nodes past the 512th get one outside it, which
-// nothing on this host can reach (only the scale benchmark has that many).
-func podCIDR(k int) string {
-	if k >= 512 {
-		return fmt.Sprintf("10.%d.%d.0/24", 100+k/256, k%256)
+// nodeCount is the number of nodes of every pool.
+func (np *NodePools) nodeCount() int {
+	n := 0
+	for _, p := range np.Pools {
+		n += p.Count
 	}
-	return fmt.Sprintf("198.%d.%d.0/24", 18+k/256, k%256)
+	return n
 }
 
-// nodes returns the Node objects of every pool, named <pool>-<index>.
-func (np *NodePools) nodes() []*corev1.Node {
+// nodes returns the Node objects of every pool, named <pool>-<index>, with the pod CIDRs of
+// PodNetwork's block firstBlock on (see claimPodBlocks).
+func (np *NodePools) nodes(firstBlock int) []*corev1.Node {
 	var out []*corev1.Node
 	for pi, p := range np.Pools {
 		for i := 0; i < p.Count; i++ {
@@ -138,12 +131,13 @@ func (np *NodePools) nodes() []*corev1.Node {
 				res[corev1.ResourceName(k)] = resource.MustParse(p.Allocatable[k])
 			}
 			ip := fmt.Sprintf("10.10.%d.%d", pi+1, i+1)
+			cidr := podCIDR(firstBlock*podBlockSize + len(out))
 			out = append(out, &corev1.Node{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
 				Spec: corev1.NodeSpec{
 					ProviderID: "kwok://" + name,
-					PodCIDR:    podCIDR(len(out)),
-					PodCIDRs:   []string{podCIDR(len(out))},
+					PodCIDR:    cidr,
+					PodCIDRs:   []string{cidr},
 					Taints:     p.Taints,
 				},
 				Status: corev1.NodeStatus{
@@ -211,14 +205,20 @@ func applyNodes(ctx context.Context, cs kubernetes.Interface, nodes []*corev1.No
 	return nil
 }
 
-// runApplyNodes is `cluster apply-nodes --kubeconfig K --nodepools F`: creates
-// the fake GPU nodes of F in any cluster whose kwok manages nodes annotated
+// runApplyNodes is `cluster apply-nodes --kubeconfig K --nodepools F [--pod-block B]`:
+// creates the fake GPU nodes of F in any cluster whose kwok manages nodes annotated
 // kwok.x-k8s.io/node=fake (e.g. a kind cluster with kwok installed).
 func runApplyNodes(args []string) int {
 	fs := flag.NewFlagSet("apply-nodes", flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the target cluster")
 	poolsPath := fs.String("nodepools", "e2e/cluster/nodepools.yaml", "node pools YAML")
+	podBlock := fs.Int("pod-block", 0, "the cluster's first block of "+PodNetwork+
+		" (POD_BLOCK of its env file), whence the nodes' pod CIDRs")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *podBlock < 0 || *podBlock >= podBlocks {
+		fmt.Fprintf(os.Stderr, "--pod-block: %d is not within 0..%d\n", *podBlock, podBlocks-1)
 		return 2
 	}
 	pools, err := loadNodePools(*poolsPath)
@@ -236,7 +236,7 @@ func runApplyNodes(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	nodes := pools.nodes()
+	nodes := pools.nodes(*podBlock)
 	if err := applyNodes(context.Background(), cs, nodes); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

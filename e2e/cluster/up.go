@@ -247,6 +247,17 @@ func up(stateDir, nodePoolsPath string, timeout time.Duration, clientQPS int) (r
 			return err
 		}
 	}
+	nodeCount := 0
+	if pools != nil {
+		nodeCount = pools.nodeCount()
+	}
+	firstBlock, blocks, err := claimPodBlocks(podBlockDir, podBlocksFor(nodeCount), stateDir)
+	if err != nil {
+		return err
+	}
+	defer closeAll(blocks) // held until the supervisor returns
+	logf("pod IPs: %s to %s, %d block(s) of %s from block %d", podCIDR(firstBlock*podBlockSize),
+		podCIDR((firstBlock+len(blocks))*podBlockSize-1), len(blocks), PodNetwork, firstBlock)
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -444,7 +455,7 @@ func up(stateDir, nodePoolsPath string, timeout time.Duration, clientQPS int) (r
 	}
 	var nodeNames []string
 	if pools != nil {
-		nodes := pools.nodes()
+		nodes := pools.nodes(firstBlock)
 		if err := applyNodes(ctx, cs, nodes); err != nil {
 			return err
 		}
@@ -495,8 +506,8 @@ func up(stateDir, nodePoolsPath string, timeout time.Duration, clientQPS int) (r
 	if err != nil {
 		return err
 	}
-	ready := fmt.Sprintf("KUBECONFIG=%s\nAPISERVER=%s\nVERSION=%s\nNODES=%d\nOPERATOR_KUBECONFIG=%s\n",
-		kubeconfig, server, sv.GitVersion, len(nodeNames), kubeconfigs["operator"])
+	ready := fmt.Sprintf("KUBECONFIG=%s\nAPISERVER=%s\nVERSION=%s\nNODES=%d\nOPERATOR_KUBECONFIG=%s\nPOD_BLOCK=%d\n",
+		kubeconfig, server, sv.GitVersion, len(nodeNames), kubeconfigs["operator"], firstBlock)
 	if err := os.WriteFile(filepath.Join(stateDir, "ready"), []byte(ready), 0o644); err != nil {
 		return err
 	}

@@ -2,7 +2,7 @@
 # Starts the local GPU cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kwok with the GPU node pools), Prometheus, and the GPU emulator when e2e/gpusim exists.
 # Idempotent: with a live cluster it says so and exits 0. Writes $GPUSIZER_CLUSTER_DIR/env
-# (default .cluster/env) with KUBECONFIG, PROMETHEUS_URL, GPUSIM_URL and the PIDs.
+# (default .cluster/env) with KUBECONFIG, PROMETHEUS_URL, GPUSIM_URL, the PIDs and POD_BLOCK.
 #
 # Env: GPUSIZER_CLUSTER_DIR  state dir (default <repo>/.cluster)
 #      GPUSIZER_NODEPOOLS    node pools file (default e2e/cluster/nodepools.yaml)
@@ -52,9 +52,10 @@ mkdir -p "$STATE/logs" "$STATE/prometheus-targets"
 touch "$MARKER"
 t1=$(date +%s.%N)
 
-# The pods' IPs (e2e/cluster/nodepools.go PodNetwork) are routed to the loopback device, so
+# The pods' IPs (e2e/cluster/podnet.go PodNetwork) are routed to the loopback device, so
 # the inference servers and activators run for pods listen there and nothing leaves the
-# host. Once per host; harmless to every other cluster.
+# host. Once per host, for every cluster: each takes blocks of its own (POD_BLOCK), which
+# `cluster up` holds while it runs.
 POD_NETWORK=198.18.0.0/15
 if ! ip route show table local 2>/dev/null | grep -q "^local $POD_NETWORK dev lo"; then
   if ! ip route add local "$POD_NETWORK" dev lo table local 2>/dev/null; then
@@ -102,6 +103,7 @@ done
 KUBECONFIG_PATH="$(sed -n 's/^KUBECONFIG=//p' "$STATE/ready")"
 OPERATOR_KUBECONFIG="$(sed -n 's/^OPERATOR_KUBECONFIG=//p' "$STATE/ready")"
 APISERVER_URL="$(sed -n 's/^APISERVER=//p' "$STATE/ready")"
+POD_BLOCK="$(sed -n 's/^POD_BLOCK=//p' "$STATE/ready")"
 
 # 2. Prometheus: scrape every 5 s; other processes register targets by writing
 #    $STATE/prometheus-targets/<name>.json (file_sd format, see e2e/cluster/README.md).
@@ -174,6 +176,7 @@ CLUSTER_STATE_DIR=${STATE}
 PROMETHEUS_TARGETS_DIR=${STATE}/prometheus-targets
 APISERVER_URL=${APISERVER_URL}
 OPERATOR_KUBECONFIG=${OPERATOR_KUBECONFIG}
+POD_BLOCK=${POD_BLOCK}
 ENV
 mv -f "$STATE/env.tmp" "$STATE/env"
 t2=$(date +%s.%N)

@@ -110,8 +110,11 @@ class Pools:
             timeout=1800,
         ).stdout.strip()
         kubeconfig = str(self.cluster.kubeconfig)
+        command = [binary, "apply-nodes", "--kubeconfig", kubeconfig, "--nodepools", str(path)]
+        # pod IPs from the cluster's own block, not another cluster's on this host
+        command += ["--pod-block", self.cluster.env.get("POD_BLOCK", "0")]
         subprocess.run(
-            [binary, "apply-nodes", "--kubeconfig", kubeconfig, "--nodepools", str(path)],
+            command,
             capture_output=True,
             text=True,
             check=True,
