@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 from gpusizer.cluster import ClusterView
+from gpusizer.partition.objects import GpuPod, present_pods
 from gpusizer.report import metrics
 from gpusizer.signals.pods import PodInfo
 from gpusizer.sweep import PodSweep
@@ -50,6 +51,16 @@ def test_a_gone_pod_is_in_no_view_of_the_cluster(selector: str) -> None:
     assert view(set()).selected(NS, selector) == [LIVE, GHOST]
     assert view({"u2"}).selected(NS, selector) == [LIVE]
     assert list(view({"u2"}).all_pods()) == [LIVE, OTHER]
+
+
+def test_the_partition_planner_sees_the_pod_that_replaced_a_gone_one() -> None:
+    def gpu_pod(uid: str) -> GpuPod:
+        return GpuPod(NS, "chat-0", "gpu-0", "nvidia.com/mig-3g.40gb", 1, False, None, uid)
+
+    ghost, replacement = gpu_pod("u1"), gpu_pod("u2")  # a StatefulSet's pod, made again
+    index = {"llm/chat-0": [ghost, replacement]}
+    assert present_pods(index, {"u1"}) == [replacement]
+    assert present_pods(index, set()) == [ghost, replacement]
 
 
 def test_the_cached_pods_the_list_lacks_are_gone_and_said_once(

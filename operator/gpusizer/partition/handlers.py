@@ -28,6 +28,7 @@ from gpusizer.partition.objects import (
     SizingDemand,
     gpu_node,
     gpu_pod,
+    present_pods,
     sizing_demand,
 )
 from gpusizer.partition.turn import (
@@ -105,7 +106,7 @@ def register(settings: OperatorSettings) -> None:
         partitioner: Partitioner = memo.partitioner
         view = PartitionView(
             nodes=OnePerKey(kwargs["partition_nodes"]),
-            pods=list(OnePerKey(kwargs["gpu_pods"]).values()),
+            pods=present_pods(kwargs["gpu_pods"], memo.runtime.pod_sweep.gone),
             sizings=list(OnePerKey(kwargs["sizings_waiting"]).values()),
             template=_template(
                 {

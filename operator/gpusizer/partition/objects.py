@@ -3,7 +3,7 @@ its watches hand them over, and the errors of its I/O edge. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,7 @@ class GpuPod:
     count: int
     terminating: bool
     product_label: str | None  # from its node selector, when it has one
+    uid: str = ""
 
     @property
     def key(self) -> str:
@@ -108,7 +109,15 @@ def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
         count=info.gpu_count,
         terminating=info.terminating or info.phase in ("Succeeded", "Failed"),
         product_label=selector.get(PRODUCT_LABEL),
+        uid=info.uid,
     )
+
+
+def present_pods(index: Mapping[str, Iterable[GpuPod]], gone: Container[str]) -> list[GpuPod]:
+    """The GPU pods of the watch's cache the API server still has (`sweep.PodSweep`): a pod a
+    watch missed deleting would hold its slice in every layout, and hide the pod of the same
+    name that replaced it."""
+    return [p for pods in index.values() for p in pods if p.uid not in gone]
 
 
 @dataclass(frozen=True)
