@@ -76,6 +76,10 @@ start=$(date +%s)
 mv -f "$TMP" "$OUT"
 trap - EXIT
 log "built in $(( $(date +%s) - start ))s"
-# Keep only the newest few binaries (each is ~150 MB).
-ls -1t "$CACHE"/bin/cluster-* 2>/dev/null | grep -v '\.tmp\.' | tail -n +4 | xargs -r rm -f
+# Keep only the newest few binaries (each is ~150 MB), and any a running cluster was started
+# from: its supervisor starts a restarted component from its own file again, and a soak's
+# API server, killed after a build beside it removed that file, never came back.
+ls -1t "$CACHE"/bin/cluster-* 2>/dev/null | grep -v '\.tmp\.' | tail -n +4 | while read -r old; do
+  pgrep -f -- "^$old " >/dev/null || rm -f "$old"
+done
 echo "$OUT"
