@@ -39,7 +39,7 @@ from e2e.soak import report
 from e2e.soak.audit import AuditLog
 from e2e.soak.checker import Checker, Rules
 from e2e.soak.faults import Schedule, Stage, describe, kill_leftovers
-from e2e.tests.conftest import REPO, Cluster, run_script, wait_until
+from e2e.tests.conftest import REPO, Cluster, KubectlFailed, run_script, wait_until
 from e2e.tests.fault_support import PrometheusProxy, lease_args, peering
 from e2e.tests.operator_support import (
     Operator,
@@ -412,6 +412,7 @@ def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             f"from {warm:.0f}s"
         )
         settle_until: float | None = None
+        restarting: set[str] = set()  # replicas that exited by themselves, until started again
         try:
             while settle_until is None or time.time() < settle_until:
                 now = time.time()
@@ -423,9 +424,15 @@ def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                     sample_truth(cluster, acting, rates, capacity, checker, lock, now)
                     for op in operators:
                         if not op.running() and op.name not in stage.killing:
-                            exits.append(exited(op, now))
-                            log(f"{op.name} exited by itself: {exits[-1]['code']}; restarting it")
-                            op.start()  # as the Deployment's pod would be
+                            if op.name not in restarting:
+                                restarting.add(op.name)
+                                exits.append(exited(op, now))
+                                log(f"{op.name} exited by itself: {exits[-1]['code']}; restarting")
+                            try:
+                                op.start()  # as the Deployment's pod would be
+                                restarting.discard(op.name)
+                            except KubectlFailed as exc:  # its token: the API server is away
+                                log(f"{op.name} not started: {exc.stderr.strip()}; again in 5 s")
                         seen = look(op, now, last_look.get(op.name))
                         if seen is not None:
                             samples.append(seen)
