@@ -35,25 +35,21 @@ Lister = Callable[[Iterable[str]], set[str]]  # namespaces -> the uids of the po
 
 def pod_uids(client: k8s.ApiClient, namespaces: Iterable[str], page_size: int = PAGE) -> set[str]:
     """Blocking: the uids of the pods in `namespaces`, as the API server has them now."""
+    api = k8s.CoreV1Api(client)
     uids: set[str] = set()
     for namespace in namespaces:
-        token = ""
+        token: str | None = None
         while True:
-            query: list[tuple[str, object]] = [("limit", page_size)]
-            if token:
-                query.append(("continue", token))
-            response = client.call_api(
-                f"/api/v1/namespaces/{namespace}/pods",
-                "GET",
-                query_params=query,
-                header_params={"Accept": METADATA_LIST},
-                auth_settings=["BearerToken"],
+            response = api.list_namespaced_pod(
+                namespace,
+                limit=page_size,
+                _continue=token,
                 _preload_content=False,
-                _return_http_data_only=True,
+                _headers={"Accept": METADATA_LIST},
             )
             page = json.loads(response.data)
             uids.update(str((item.get("metadata") or {}).get("uid")) for item in page["items"])
-            token = (page.get("metadata") or {}).get("continue") or ""
+            token = (page.get("metadata") or {}).get("continue") or None
             if not token:
                 break
     return uids
@@ -104,6 +100,9 @@ class PodSweep:
                 KeyError,
             ) as exc:
                 said.failed(exc)
+                continue
+            except Exception:  # a bug: said, and the sweep goes on
+                log.exception("the pod sweep failed; it runs again in %.0fs", every)
                 continue
             said.succeeded()
             self.found(cached, listed)
