@@ -13,7 +13,9 @@ from typing import Any
 from gpusizer.actuate.target_view import TargetView
 from gpusizer.api.v1alpha1 import TargetRef, WorkloadSizingSpec
 from gpusizer.cluster import ClusterView
+from gpusizer.signals.parse import Problem
 from gpusizer.throughput import ThroughputBook
+from gpusizer.vocabulary import Reason
 
 
 class SpecCache:
@@ -60,6 +62,8 @@ class Memory:
     throughput: ThroughputBook = field(default_factory=ThroughputBook)
     # workloads whose last turn found a query failing: see first_failure
     failing: set[tuple[str, str]] = field(default_factory=set)
+    # each workload's last answer to its wake query, and when: see wake_answer
+    wake_answers: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str) -> None:
         self.throughput.forget((namespace, name))
@@ -69,6 +73,35 @@ class Memory:
         self.activator_ports.pop((namespace, name), None)
         self.watch_lagging.discard((namespace, name))
         self.failing.discard((namespace, name))
+        self.wake_answers.pop((namespace, name), None)
+
+    def wake_answer(
+        self,
+        namespace: str,
+        name: str,
+        answer: tuple[float | None, Problem | None],
+        now: float,
+        max_age: float,
+    ) -> tuple[float | None, Problem | None]:
+        """The wake query's answer, or, while Prometheus cannot be reached, the last one it
+        gave for as long as a sample stays fresh (`maxSampleAgeSeconds`): a pod's samples ride
+        out a slow Prometheus in the shared read, and a workload at zero, whose wake query is
+        its own, said its metrics lost and back within seconds (the soak, seed 30). A query
+        Prometheus refuses is said at once."""
+        key = (namespace, name)
+        value, problem = answer
+        if problem is None and value is not None:
+            self.wake_answers[key] = (value, now)
+            return answer
+        last = self.wake_answers.get(key)
+        if (
+            problem is not None
+            and problem.reason is Reason.PROMETHEUS_UNREACHABLE
+            and last is not None
+            and now - last[1] <= max_age
+        ):
+            return last[0], None
+        return answer
 
     def first_failure(self, namespace: str, name: str, failing: bool) -> bool:
         """Whether this turn is the first of a run of turns whose queries fail. A query sent

@@ -160,7 +160,7 @@ async def reconcile(
     spec, target = checked.spec, checked.target
     pods = view.selected(obj.namespace, target.selector)
     held = held_requests(obj.annotations, now)
-    signals = await observe(checked, pods, cycle, services, held, now)
+    signals = await observe(checked, pods, cycle, services, memory, held, now)
     subject = Sized(obj.namespace, target, pods, view)
     measured = await measure(checked, subject, services, memory, now)
     decision = decide(checked, pods, signals, memory, now)
@@ -309,6 +309,7 @@ async def observe(
     pods: list[PodInfo],
     cycle: Cycle,
     services: Services,
+    memory: Memory,
     held: Held,
     now: float,
 ) -> WorkloadSignals:
@@ -325,7 +326,10 @@ async def observe(
     if spec.scale_to_zero.enabled:
         query: tuple[float | None, Problem | None] | None = None
         if queries.wake:
-            query = (None, down.problem) if down else await source.scalar(queries.wake)
+            answer = (None, down.problem) if down else await source.scalar(queries.wake)
+            obj = checked.obj
+            max_age = spec.metrics.max_sample_age_seconds
+            query = memory.wake_answer(obj.namespace, obj.name, answer, now, max_age)
         activator = spec.scale_to_zero.activator
         wake = wake_demand(activator, held, services.routes.activators(), query)
         if activator.enabled and (query is None or query[1] is None):

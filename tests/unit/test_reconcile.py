@@ -136,6 +136,7 @@ class Turn:
     watched: bool = False  # the target comes from the watch, not a read
     routes: FakeRoutes = field(default_factory=FakeRoutes)  # the activator's routes
     activator_ports: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory)  # what the process kept of earlier turns
 
     async def run(self) -> tuple[Outcome, FakeTargets, FakeMetrics, Memory]:
         stored = {(NS, "chat"): self.target} if self.target is not None else {}
@@ -154,7 +155,7 @@ class Turn:
             autoscalers=self.autoscalers,
             error=self.autoscaler_error,
         )
-        memory = Memory()
+        memory = self.memory
         outcome = await reconcile(
             workload(self.spec, self.status, self.annotations),
             cluster,
@@ -445,6 +446,37 @@ async def test_scaling_to_zero_and_waking_are_events_of_their_own() -> None:
     outcome, targets, _, _ = await asked.run()
     assert [r for _, _, r in targets.writes] == [1]
     assert events(outcome) == [("Normal", "Woke")]
+
+
+async def test_a_wake_query_prometheus_does_not_answer_keeps_its_last_answer_while_fresh() -> None:
+    """The soak, seed 30: a slow Prometheus timed out one wake query in a few, and each
+    workload at zero said its metrics lost and back within seconds."""
+    zero = spec(
+        replicas={"min": 0},
+        scaleToZero={"enabled": True, "idleSeconds": 600, "wakeQuery": "sum(pending)"},
+        metrics={"server": "none", "maxSampleAgeSeconds": 30},
+    )
+    pending = 'sum(pending{namespace="llm"})'
+    memory = Memory()
+
+    def at_zero(answer: float | Problem, age: float) -> Turn:
+        memory.wake_answers = {k: (v, NOW - age) for k, (v, _) in memory.wake_answers.items()}
+        return Turn(zero, target=target(0), pods=[], scalars={pending: answer}, memory=memory)
+
+    timed_out = Problem(Reason.PROMETHEUS_UNREACHABLE, "ReadTimeoutError: read timed out")
+    outcome, _, _, _ = await at_zero(0, 0).run()
+    assert condition(outcome, ConditionType.METRICS_AVAILABLE)["status"] == "True"
+    outcome, _, _, _ = await at_zero(timed_out, 29).run()
+    assert condition(outcome, ConditionType.METRICS_AVAILABLE)["status"] == "True"
+    outcome, _, _, _ = await at_zero(timed_out, 31).run()
+    metrics = condition(outcome, ConditionType.METRICS_AVAILABLE)
+    assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnreachable")
+    refused = Problem(Reason.QUERY_ERROR, "parse error")
+    await at_zero(5, 0).run()  # an answer again: fresh
+    outcome, targets, _, _ = await at_zero(refused, 1).run()
+    metrics = condition(outcome, ConditionType.METRICS_AVAILABLE)
+    assert (metrics["status"], metrics["reason"]) == ("False", "QueryError"), "said at once"
+    assert targets.writes == []
 
 
 async def test_pods_killed_for_memory_are_reported_even_without_right_sizing() -> None:
