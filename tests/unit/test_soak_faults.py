@@ -59,3 +59,33 @@ def test_an_edit_that_keeps_failing_fails_the_fault() -> None:
     with pytest.raises(ApiException):
         faults._through_control_plane(ControlPlane().ready, edit)
     assert edit.calls == faults.EDIT_ATTEMPTS
+
+
+class Clock:
+    """A clock each pause moves on; `answering` says, in turn, whether the API server answers."""
+
+    def __init__(self, *answering: bool) -> None:
+        self.now = 0.0
+        self.answering = list(answering)
+
+    def ready(self) -> bool:
+        return self.answering.pop(0) if len(self.answering) > 1 else self.answering[0]
+
+    def pause(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_take_over_is_timed_only_while_the_api_server_answers() -> None:
+    clock = Clock(*[False] * 60, True)  # a minute away, then back
+    polls = iter([False] * 80 + [True])  # taken over 80 s in: 20 s of answering
+    faults._wait_while_the_api_answers(
+        clock.ready, lambda: next(polls), 30, "a take-over", lambda: clock.now, clock.pause
+    )
+    assert clock.now == 80
+
+    clock = Clock(True)
+    with pytest.raises(TimeoutError, match="30s of the API server answering"):
+        faults._wait_while_the_api_answers(
+            clock.ready, lambda: False, 30, "a take-over", lambda: clock.now, clock.pause
+        )
+    assert clock.now == 31
