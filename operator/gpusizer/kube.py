@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import kopf
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -29,6 +30,9 @@ WORKER_THREADS = 32
 API_TIMEOUT_SECONDS = 10.0
 # kopf's own requests (finalizers, peering) in flight at once; its watches are not counted.
 KOPF_REQUESTS_AT_ONCE = 16
+# what the kubernetes client raises for a request the API server never answered: a refused or
+# reset connection, a read timeout, urllib3's retries spent
+UNANSWERED = (urllib3.exceptions.HTTPError, OSError)
 
 
 class SaidOnce:

@@ -16,11 +16,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpusizer.kube import SaidOnce
+from gpusizer.kube import UNANSWERED, SaidOnce
 from gpusizer.report import metrics
 from gpusizer.signals.pods import PodInfo
 
@@ -92,13 +91,7 @@ class PodSweep:
             namespaces = sorted(cache)
             try:
                 listed = await asyncio.to_thread(lister, namespaces)
-            except (
-                ApiException,
-                urllib3.exceptions.HTTPError,
-                OSError,
-                ValueError,
-                KeyError,
-            ) as exc:
+            except (ApiException, *UNANSWERED, ValueError, KeyError) as exc:
                 said.failed(exc)
                 continue
             except Exception:  # a bug: said, and the sweep goes on

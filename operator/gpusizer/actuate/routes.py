@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -29,6 +28,7 @@ from gpusizer.activation import (
     slice_name,
 )
 from gpusizer.api.v1alpha1 import GROUP, KIND, VERSION
+from gpusizer.kube import UNANSWERED
 from gpusizer.watches import Store, follow, start
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _reason(exc: Exception) -> str:
 
 
 # what a request to the API server raises: an answer, or none (unreachable, cut off)
-_FAILED = (ApiException, urllib3.exceptions.HTTPError, OSError)
+_FAILED = (ApiException, *UNANSWERED)
 
 
 class Routes:

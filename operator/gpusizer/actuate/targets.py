@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -35,6 +34,7 @@ from gpusizer.actuate.target_view import (
 )
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog.models import PRODUCT_LABEL
+from gpusizer.kube import UNANSWERED
 
 
 @contextmanager
@@ -44,7 +44,7 @@ def _answered(what: str) -> Iterator[None]:
     unknown, and the next turn reads the target again instead of deciding from its copy."""
     try:
         yield
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except UNANSWERED as exc:
         raise TargetUnanswered(
             f"{what}: the API server did not answer ({exc}); the target is read again next cycle"
         ) from exc

@@ -8,11 +8,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpusizer.catalog.migparted import CONFIG_KEY
+from gpusizer.kube import UNANSWERED
 from gpusizer.partition.objects import ConfigMapRef, PartitionProblem
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -40,7 +40,7 @@ class KubeNodes:
             return await asyncio.to_thread(fn, *args, **kwargs)
         except ApiException as exc:
             raise PartitionProblem(f"{what}: {_reason(exc)}") from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except UNANSWERED as exc:
             raise PartitionProblem(f"{what}: {exc}") from exc
 
     async def patch_node(
@@ -75,7 +75,7 @@ class KubeNodes:
             if exc.status == 429:  # a PodDisruptionBudget says not now
                 return _reason(exc)
             raise PartitionProblem(f"evicting pod {namespace}/{name}: {_reason(exc)}") from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except UNANSWERED as exc:
             raise PartitionProblem(f"evicting pod {namespace}/{name}: {exc}") from exc
         return None
 

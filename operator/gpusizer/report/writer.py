@@ -7,12 +7,12 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpusizer.api import partitioning
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
+from gpusizer.kube import UNANSWERED
 
 
 class StatusNotWritten(Exception):
@@ -27,7 +27,7 @@ async def _patched(call: Any, *args: Any) -> dict[str, Any]:
     except ApiException as exc:
         missing = WorkloadGone if exc.status == 404 else StatusNotWritten
         raise missing(f"HTTP {exc.status} {exc.reason}") from exc
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except UNANSWERED as exc:
         raise StatusNotWritten(str(exc)) from exc
     status = written.get("status") if isinstance(written, Mapping) else None
     return dict(status) if isinstance(status, Mapping) else {}
