@@ -82,9 +82,11 @@ class Fleet:
         )
         self.memory = Memory()
 
-    async def period(self, now: float, prometheus_up: bool, age: float | None = None) -> None:
+    async def period(
+        self, now: float, prometheus_up: bool, age: float | None = None, decide: bool = True
+    ) -> None:
         """One full read, its samples `age` seconds old if given, then every workload's turn
-        on it."""
+        on it unless not `decide` (this replica not in charge: it reads, and writes nothing)."""
         pods = [p for ps in self.pods.values() for p in ps]
         read = at(snapshot(70.0 if prometheus_up else None, pods), now)
         if age is not None:
@@ -92,7 +94,7 @@ class Fleet:
         cycle = Cycle(
             read, autoscalers={}, workloads=self.size, prometheus=self.health.observe(read)
         )
-        for name in self.names:
+        for name in self.names if decide else ():
             obj = workload(
                 {**self.spec, "targetRef": {"name": name}},
                 self.statuses.get(name, {}),
@@ -106,11 +108,19 @@ class Fleet:
                 merged = {**self.statuses.get(name, {}), **outcome.status_patch}
                 self.statuses[name] = {k: v for k, v in merged.items() if v is not None}
 
-    async def run(self, start: float, seconds: float, down: list[tuple[float, float]]) -> None:
+    async def run(
+        self,
+        start: float,
+        seconds: float,
+        down: list[tuple[float, float]],
+        away: tuple[float, float] | None = None,
+    ) -> None:
+        """Periods of SYNC from `start`, Prometheus out over `down`, and this replica not in
+        charge over `away`."""
         t = start
         while t < start + seconds:
             up = not any(a <= t < b for a, b in down)
-            await self.period(t, up)
+            await self.period(t, up, decide=away is None or not away[0] <= t < away[1])
             t += SYNC
 
     def metrics_flips(self, since: float = 0.0) -> list[tuple[float, str, str]]:
@@ -177,6 +187,24 @@ async def test_an_outage_beginning_before_the_last_ones_end_was_shown_ends_quiet
     first_end = start + 120  # long enough for every status to say it
     await fleet.run(start, 300, down=[(start, first_end), (first_end + SYNC, first_end + 60)])
     assert fleet.health.state.previous is not None  # two outages, not one
+    for name in fleet.names:
+        assert transitions(fleet, name, start)[-1] == "True", name
+    assert [e for e in fleet.events if e[0] >= start] == []
+
+
+async def test_a_loss_left_standing_by_an_end_nobody_followed_ends_quietly() -> None:
+    """Seed 31's 148 MetricsRecovered: the replica in charge lost the Lease before the first
+    outage ended and took it back after the second began, so no status followed the first end;
+    when the second ended, the losses written in the first came back as the workloads' own."""
+    fleet = Fleet(size=40)
+    await fleet.run(NOW, 60, down=[])
+    start = NOW + 60
+    first_end = start + 120  # long enough for every status to say it
+    second = (first_end + 3 * DAMPING.spread_seconds, first_end + 3 * DAMPING.spread_seconds + 60)
+    away = (first_end - SYNC, second[0] + SYNC)
+    await fleet.run(start, 400, down=[(start, first_end), second], away=away)
+    assert all(transitions(fleet, n, start)[0] == "False" for n in fleet.names)
+    assert not any(away[0] <= t < away[1] for t, _, _ in fleet.patches)
     for name in fleet.names:
         assert transitions(fleet, name, start)[-1] == "True", name
     assert [e for e in fleet.events if e[0] >= start] == []

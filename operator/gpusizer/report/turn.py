@@ -51,21 +51,18 @@ class OutageDamping:
     def offset(self, namespace: str, name: str, workloads: int) -> float:
         return self.spread(workloads) * zlib.crc32(f"{namespace}/{name}".encode()) / 2**32
 
-    def began(self, state: PrometheusState, workloads: int) -> float | None:
-        """When the outage a workload's status may still show began: the one going on or last,
-        or the one before it if this one began within the spread of that one's end, when the
-        statuses were still following it (the soak, seed 27: a loss from the first outage came
-        back under the second as the workload's own, with a MetricsRecovered Event each)."""
-        outage, previous = state.outage, state.previous
-        if outage is None:
-            return None
-        if (
-            previous is not None
-            and previous.until is not None
-            and outage.since - previous.until < self.spread(workloads)
-        ):
-            return previous.since
-        return outage.since
+    def wrote(self, state: PrometheusState, since: float) -> bool:
+        """Whether a loss a workload's status has shown since `since` may be an outage's (written
+        quietly once it had lasted the grace): `since` falls inside the outage going on or last,
+        or the one before it. A loss from an earlier outage stays shown past its end when no
+        replica was in charge to follow it (the soak, seed 31: the Lease changed hands across
+        the end, and the next outage's end brought 148 MetricsRecovered Events, each loss taken
+        for the workload's own)."""
+        return any(
+            outage.since <= since and (outage.until is None or since <= outage.until)
+            for outage in (state.outage, state.previous)
+            if outage is not None
+        )
 
     def shown(self, outage: Outage, namespace: str, name: str, workloads: int, now: float) -> bool:
         """Whether this workload's status says the outage's present state (down or over)."""
@@ -154,12 +151,12 @@ class Report:
         old, since = shown
         if first_failure and state.status is False and self._prometheus.down is None:
             return old  # an outage that is over says nothing of this failure
-        began = self._damping.began(self._prometheus, self._workloads)
-        if outage is None or began is None:
+        if outage is None:
             return state
+        lost_to_outage = since is not None and self._damping.wrote(self._prometheus, since)
         if outage.until is None:
             if state.status is not False:
-                if old.status is False and since is not None and since >= began:
+                if old.status is False and lost_to_outage:
                     self._outage_says_it = True  # its loss was the outage's: back as quietly
                 return state
         elif (
@@ -171,9 +168,7 @@ class Report:
             # samples it had, stale by now, until it has scraped again (the soak, seed 28: 166
             # StaleSamples Events); a failure that outlasts this is the workload's own
             return old
-        elif not (
-            state.status is True and old.status is False and since is not None and since >= began
-        ):
+        elif not (state.status is True and old.status is False and lost_to_outage):
             return state  # known all along, or unknown for a reason of its own: said as usual
         self._outage_says_it = True
         obj = self._obj
