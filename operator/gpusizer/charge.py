@@ -24,6 +24,9 @@ LEASE_SECONDS = 30
 RENEW_DEADLINE_SECONDS = 15.0  # a replica that has not renewed for this long stops acting
 RETRY_SECONDS = 2.0  # how often the Lease is read, and renewed by its holder
 
+# Outages of Prometheus as (since, until), wall clock, until None while one lasts; the last first
+OutageSpans = tuple[tuple[float, float | None], ...]
+
 
 class Step(enum.Enum):
     ACQUIRE = "acquire"  # write ourselves as holder of a free or expired Lease
@@ -34,15 +37,16 @@ class Step(enum.Enum):
 
 @dataclass(frozen=True)
 class LeaseRecord:
-    """The fields of a Lease that leader election reads, and the Prometheus outage the holder
-    saw, so that a replica taking over does not greet a Prometheus still catching up as new."""
+    """The fields of a Lease that leader election reads, and the outages of Prometheus its holder
+    knows, so that a replica taking over does not greet a Prometheus still catching up as new,
+    nor take the losses an outage left on the statuses for the workloads' own."""
 
     holder: str  # "" when free
     renewed: str  # renewTime as written; compared only for change
     duration_seconds: int = LEASE_SECONDS
     transitions: int = 0
     version: str = ""  # resourceVersion; "" for a Lease not created yet
-    prometheus_down_since: float | None = None  # wall clock; None: Prometheus answered
+    prometheus_outages: OutageSpans = ()
 
 
 def micro_time(wall: float) -> str:
@@ -81,14 +85,12 @@ class Charge:
             return Step.ACQUIRE
         return Step.WAIT
 
-    def claim(
-        self, record: LeaseRecord | None, wall: float, down_since: float | None
-    ) -> LeaseRecord:
+    def claim(self, record: LeaseRecord | None, wall: float, outages: OutageSpans) -> LeaseRecord:
         """The record to write for ACQUIRE or RENEW, on `record`'s resourceVersion, so that of
         two replicas writing at once one meets a conflict."""
         stamp = micro_time(wall)
         if record is None:
-            return LeaseRecord(self.identity, stamp, prometheus_down_since=down_since)
+            return LeaseRecord(self.identity, stamp, prometheus_outages=outages)
         ours = record.holder == self.identity
         return replace(
             record,
@@ -96,12 +98,12 @@ class Charge:
             renewed=stamp,
             duration_seconds=LEASE_SECONDS,
             transitions=record.transitions if ours else record.transitions + 1,
-            prometheus_down_since=down_since,
+            prometheus_outages=outages,
         )
 
     def released(self, record: LeaseRecord) -> LeaseRecord:
         """The record that frees the Lease: no holder, so the peer need not wait it out; the
-        outage it saw goes to the peer too."""
+        outages it saw go to the peer too."""
         self._renewed_at = None
         return replace(record, holder="")
 

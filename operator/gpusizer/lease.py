@@ -16,9 +16,17 @@ from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from pydantic import TypeAdapter, ValidationError
 
-from gpusizer.api.annotations import PROMETHEUS_DOWN_SINCE_ANNOTATION
-from gpusizer.charge import LEASE_SECONDS, RETRY_SECONDS, Charge, LeaseRecord, Step
+from gpusizer.api.annotations import PROMETHEUS_OUTAGES_ANNOTATION
+from gpusizer.charge import (
+    LEASE_SECONDS,
+    RETRY_SECONDS,
+    Charge,
+    LeaseRecord,
+    OutageSpans,
+    Step,
+)
 from gpusizer.kube import SaidOnce
 from gpusizer.ports import LeaseStore
 from gpusizer.report import metrics
@@ -46,6 +54,9 @@ def pod_namespace(path: str = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
         return None
 
 
+OUTAGE_SPANS: TypeAdapter[OutageSpans] = TypeAdapter(OutageSpans)
+
+
 def lease_record(obj: Mapping[str, Any]) -> tuple[LeaseRecord, list[str]]:
     """A Lease as the API server returned it, and what in it was not as written (someone
     edited it): each such field is read as unset, said in the second list by its name."""
@@ -64,15 +75,15 @@ def lease_record(obj: Mapping[str, Any]) -> tuple[LeaseRecord, list[str]]:
     if isinstance(transitions, bool) or not isinstance(transitions, int):
         problems.append(f"spec.leaseTransitions is not an integer: {transitions!r}")
         transitions = 0
-    down_since = None
-    annotated = (meta.get("annotations") or {}).get(PROMETHEUS_DOWN_SINCE_ANNOTATION)
+    outages: OutageSpans = ()
+    annotated = (meta.get("annotations") or {}).get(PROMETHEUS_OUTAGES_ANNOTATION)
     if annotated is not None:
         try:
-            down_since = float(annotated)
-        except ValueError:
+            outages = OUTAGE_SPANS.validate_json(annotated)
+        except ValidationError:
             problems.append(
-                f"metadata.annotations[{PROMETHEUS_DOWN_SINCE_ANNOTATION}] is not a number: "
-                f"{annotated!r}"
+                f"metadata.annotations[{PROMETHEUS_OUTAGES_ANNOTATION}] is not a list of "
+                f"[since, until or null] pairs: {annotated!r}"
             )
     record = LeaseRecord(
         holder=holder,
@@ -80,13 +91,13 @@ def lease_record(obj: Mapping[str, Any]) -> tuple[LeaseRecord, list[str]]:
         duration_seconds=duration,
         transitions=transitions,
         version=str(meta.get("resourceVersion") or ""),
-        prometheus_down_since=down_since,
+        prometheus_outages=outages,
     )
     return record, problems
 
 
 def lease_body(namespace: str, name: str, record: LeaseRecord) -> dict[str, Any]:
-    down = record.prometheus_down_since
+    outages = record.prometheus_outages
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -94,7 +105,7 @@ def lease_body(namespace: str, name: str, record: LeaseRecord) -> dict[str, Any]
             "name": name,
             "namespace": namespace,
             **({"resourceVersion": record.version} if record.version else {}),
-            "annotations": {PROMETHEUS_DOWN_SINCE_ANNOTATION: repr(down)} if down else {},
+            "annotations": {PROMETHEUS_OUTAGES_ANNOTATION: json.dumps(outages)} if outages else {},
         },
         "spec": {
             "holderIdentity": record.holder or None,
@@ -151,7 +162,7 @@ async def keep_charge(
     charge: Charge,
     store: LeaseStore,
     leads: Callable[[], bool],
-    prometheus_down_since: Callable[[], float | None],
+    prometheus_outages: Callable[[], OutageSpans],
     took_over: Callable[[LeaseRecord | None], None],
     monotonic: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
@@ -172,7 +183,7 @@ async def keep_charge(
                 record = await loop.run_in_executor(thread, store.read)
                 step = charge.step(record, wants, started)
                 if step in (Step.ACQUIRE, Step.RENEW):
-                    claim = charge.claim(record, wall(), prometheus_down_since())
+                    claim = charge.claim(record, wall(), prometheus_outages())
                     await loop.run_in_executor(thread, store.write, claim)
                     if charge.wrote(started):
                         took_over(record if step is Step.ACQUIRE else None)

@@ -102,7 +102,7 @@ def lead(
     health: PrometheusHealth,
 ) -> Coroutine[Any, Any, None]:
     """With a peering, this replica acts only while it holds the operator's Lease: a replica
-    that takes over starts in the outage of Prometheus its predecessor saw, and decides every
+    that takes over knows the outages of Prometheus its predecessor saw, and decides every
     workload at once."""
     assert config.peering is not None and config.lease is not None  # the command line's
     charge = Charge(replica_identity())
@@ -110,21 +110,17 @@ def lead(
     peering = PeeringView(client, config.peering, config.peering_namespace, priority)
 
     def took_over(predecessor: LeaseRecord | None) -> None:
-        if predecessor is not None and predecessor.prometheus_down_since is not None:
-            holder = predecessor.holder or "that freed the Lease"  # a release keeps it
-            health.inherit(predecessor.prometheus_down_since, holder)
+        if predecessor is not None and predecessor.prometheus_outages:
+            holder = predecessor.holder or "that freed the Lease"  # a release keeps them
+            health.inherit(predecessor.prometheus_outages, holder)
         runtime.took_over()
-
-    def prometheus_down_since() -> float | None:
-        down = health.state.down
-        return down.since if down is not None else None
 
     namespace, name = config.lease
     return keep_charge(
         charge,
         KubeLease(client, namespace, name),
         peering.leads,
-        prometheus_down_since,
+        lambda: health.state.spans(),
         took_over,
     )
 

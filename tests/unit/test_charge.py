@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 
 import pytest
-from gpusizer.api.annotations import PROMETHEUS_DOWN_SINCE_ANNOTATION
+from gpusizer.api.annotations import PROMETHEUS_OUTAGES_ANNOTATION
 from gpusizer.charge import (
     LEASE_SECONDS,
     RENEW_DEADLINE_SECONDS,
     Charge,
     LeaseRecord,
+    OutageSpans,
     Step,
     micro_time,
 )
@@ -32,14 +34,14 @@ class Replica:
     def __init__(self, name: str, lease: FakeLease) -> None:
         self.charge = Charge(name)
         self.lease = lease
-        self.down_since: float | None = None
+        self.outages: OutageSpans = ()
 
     def turn(self, now: float, wants: bool = True) -> Step:
         record = self.lease.read()
         step = self.charge.step(record, wants, now)
         try:
             if step in (Step.ACQUIRE, Step.RENEW):
-                self.lease.write(self.charge.claim(record, WALL + now, self.down_since))
+                self.lease.write(self.charge.claim(record, WALL + now, self.outages))
                 self.charge.wrote(now)
             elif step is Step.RELEASE and record is not None:
                 self.lease.write(self.charge.released(record))
@@ -136,15 +138,15 @@ def test_a_replica_that_may_not_lead_never_takes_the_lease() -> None:
     assert lease.record is not None and lease.record.holder == ""
 
 
-def test_a_claim_counts_takeovers_and_carries_the_outage() -> None:
+def test_a_claim_counts_takeovers_and_carries_the_outages() -> None:
     lease = FakeLease()
     a, b = Replica("a", lease), Replica("b", lease)
-    a.down_since = WALL - 100
+    a.outages = ((WALL - 100, None),)
     a.turn(0)
-    assert lease.record is not None and lease.record.prometheus_down_since == WALL - 100
-    a.down_since = None
+    assert lease.record is not None and lease.record.prometheus_outages == a.outages
+    a.outages = ((WALL - 100, WALL - 1),)
     a.turn(2)
-    assert (lease.record.transitions, lease.record.prometheus_down_since) == (0, None)
+    assert (lease.record.transitions, lease.record.prometheus_outages) == (0, a.outages)
     a.turn(4, wants=False)
     b.turn(5)
     assert (lease.record.holder, lease.record.transitions) == ("b", 1)
@@ -158,9 +160,11 @@ def test_micro_time_always_has_six_fractional_digits() -> None:
 
 
 def test_a_lease_written_is_read_back_the_same() -> None:
-    record = LeaseRecord("a", micro_time(WALL), 30, 2, "17", WALL - 5)
+    outages = ((WALL - 5, None), (WALL - 300, WALL - 100.25))
+    record = LeaseRecord("a", micro_time(WALL), 30, 2, "17", outages)
     body = lease_body("gpusizer-system", "gpusizer", record)
-    assert body["metadata"]["annotations"] == {PROMETHEUS_DOWN_SINCE_ANNOTATION: repr(WALL - 5)}
+    annotated = body["metadata"]["annotations"][PROMETHEUS_OUTAGES_ANNOTATION]
+    assert json.loads(annotated) == [[WALL - 5, None], [WALL - 300, WALL - 100.25]]
     assert lease_record(body) == (record, [])
     freed = lease_body("gpusizer-system", "gpusizer", LeaseRecord("", "", version="18"))
     assert freed["spec"]["holderIdentity"] is None and freed["metadata"]["annotations"] == {}
@@ -170,7 +174,7 @@ def test_a_lease_edited_by_hand_is_read_with_each_bad_field_named() -> None:
     body = {
         "metadata": {
             "resourceVersion": "3",
-            "annotations": {PROMETHEUS_DOWN_SINCE_ANNOTATION: "yesterday"},
+            "annotations": {PROMETHEUS_OUTAGES_ANNOTATION: '[["yesterday", null]]'},
         },
         "spec": {
             "holderIdentity": 7,
@@ -180,13 +184,13 @@ def test_a_lease_edited_by_hand_is_read_with_each_bad_field_named() -> None:
         },
     }
     record, problems = lease_record(body)
-    assert record == LeaseRecord("", "2027-01-15T08:00:00.000000Z", LEASE_SECONDS, 0, "3", None)
+    assert record == LeaseRecord("", "2027-01-15T08:00:00.000000Z", LEASE_SECONDS, 0, "3", ())
     named = " ".join(problems)
     for field in (
         "spec.holderIdentity",
         "spec.leaseDurationSeconds",
         "spec.leaseTransitions",
-        PROMETHEUS_DOWN_SINCE_ANNOTATION,
+        PROMETHEUS_OUTAGES_ANNOTATION,
     ):
         assert field in named
     assert len(problems) == 4
@@ -210,16 +214,17 @@ async def test_the_loop_takes_a_free_lease_hands_over_the_outage_and_frees_it_on
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("gpusizer.lease.RETRY_SECONDS", 0.01)
-    predecessor = LeaseRecord("", micro_time(WALL), version="4", prometheus_down_since=WALL - 60)
+    outages = ((WALL - 60, None),)
+    predecessor = LeaseRecord("", micro_time(WALL), version="4", prometheus_outages=outages)
     lease = Watched(predecessor)
     store: LeaseStore = lease
     charge = Charge("b")
     took_over: list[LeaseRecord | None] = []
     task = asyncio.create_task(
-        keep_charge(charge, store, lambda: True, lambda: WALL - 60, took_over.append)
+        keep_charge(charge, store, lambda: True, lambda: outages, took_over.append)
     )
     taken = await asyncio.wait_for(lease.landed.get(), 5)
-    assert taken.holder == "b" and taken.prometheus_down_since == WALL - 60
+    assert taken.holder == "b" and taken.prometheus_outages == outages
     renewed = await asyncio.wait_for(lease.landed.get(), 5)
     assert renewed.holder == "b" and renewed.version != taken.version
     assert took_over == [predecessor]  # once, with the record it replaced

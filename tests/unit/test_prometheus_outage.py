@@ -241,6 +241,16 @@ async def test_a_workload_unknown_for_its_own_reasons_recovers_with_an_event() -
     assert (events, status) == (["MetricsRecovered"], "True")
 
 
+async def test_a_loss_between_two_outages_is_the_workloads_own() -> None:
+    two = PrometheusState(
+        Outage(DOWN, since=NOW - 300, until=NOW - 1), Outage(DOWN, NOW - 900, NOW - 600)
+    )
+    events, status = await known_again(lost_at(NOW - 500, "NoSamples"), two)
+    assert (events, status) == (["MetricsRecovered"], "True")
+    events, status = await known_again(lost_at(NOW - 700, "PrometheusUnreachable"), two)
+    assert events == []
+
+
 async def test_a_read_known_inside_an_outage_brings_back_its_loss_quietly() -> None:
     """Its False came with the outage (written after the grace, without an Event): a read that
     knows its metrics before the outage is over posts no MetricsRecovered either. The soak
@@ -452,7 +462,7 @@ async def test_a_replica_taking_over_in_an_outage_starts_in_it(inherited: bool) 
     await fleet.period(NOW - 300, prometheus_up=True)  # the predecessor's statuses
     fleet.memory, fleet.health = Memory(), PrometheusHealth()  # the successor's process
     if inherited:
-        fleet.health.inherit(NOW - 240, "replica-a")
+        fleet.health.inherit(((NOW - 240, None),), "replica-a")
     await fleet.period(NOW, prometheus_up=True, age=250)
     if inherited:
         assert fleet.health.state.down is not None
@@ -461,17 +471,55 @@ async def test_a_replica_taking_over_in_an_outage_starts_in_it(inherited: bool) 
         assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}
 
 
-def test_an_outage_of_its_own_is_not_replaced_by_the_predecessors() -> None:
+def test_the_outages_both_replicas_saw_are_joined_where_they_overlap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "gpusizer.signals.health")
     health = PrometheusHealth()
-    health.observe(at(snapshot(None, [pod("chat-0")]), NOW))
-    own = health.state.down
-    health.inherit(NOW - 300, "replica-a")
-    assert health.state.down is own
+    health.observe(at(snapshot(None, [pod("chat-0")]), NOW))  # its own, since it started
+    caplog.clear()
+    health.inherit(((NOW - 300, None), (NOW - 900, NOW - 600)), "replica-a")
+    assert health.state.spans() == ((NOW - 300, None), (NOW - 900, NOW - 600))
+    joined = health.state.down
+    assert joined is not None and "replica-a" in joined.problem.message  # the earlier's
+    assert caplog.records == []  # it said its own already
     fresh = PrometheusHealth()
-    fresh.inherit(NOW - 300, "replica-a")
+    fresh.inherit(((NOW - 300, None),), "replica-a")
     inherited = fresh.state.down
     assert inherited is not None and inherited.since == NOW - 300
     assert "replica-a" in inherited.problem.message
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Prometheus has been unavailable since {iso(NOW - 300)}, as replica replica-a saw it: "
+        "every workload holds its replicas until it answers"
+    ]
+
+
+def test_an_ended_outage_inherited_stays_ended_beside_one_going_on() -> None:
+    health = PrometheusHealth()
+    health.observe(at(snapshot(None, [pod("chat-0")]), NOW))
+    health.inherit(((NOW - 300, NOW - 200),), "replica-a")  # over before this one began
+    assert health.state.spans() == ((NOW, None), (NOW - 300, NOW - 200))
+    fresh = PrometheusHealth()
+    fresh.inherit(((NOW - 60, NOW - 5), (NOW - 300, NOW - 200), (NOW - 999, NOW - 900)), "a")
+    assert fresh.state.down is None
+    assert fresh.state.spans() == ((NOW - 60, NOW - 5), (NOW - 300, NOW - 200))
+
+
+async def test_a_successor_taking_over_before_an_outage_end_was_followed_ends_it_quietly() -> None:
+    """The replica in charge through a long outage is killed as it ends, before the statuses
+    followed; its successor started since. Knowing the outage from the Lease, it brings the
+    losses back as the outage's; knowing nothing, it said MetricsRecovered on every workload."""
+    fleet = Fleet(size=20)
+    await fleet.run(NOW, 60, down=[])
+    start, end = NOW + 60, NOW + 180
+    await fleet.run(start, end - start + SYNC, down=[(start, end)])
+    assert all(transitions(fleet, n, start) == ["False"] for n in fleet.names)
+    handed = fleet.health.state.spans()
+    fleet.memory, fleet.health = Memory(), PrometheusHealth()  # the successor's process
+    fleet.health.inherit(handed, "replica-a")
+    await fleet.run(end + 2 * SYNC, 60, down=[])
+    assert all(transitions(fleet, n, start) == ["False", "True"] for n in fleet.names)
+    assert [e for e in fleet.events if e[0] >= start] == []
 
 
 @pytest.mark.parametrize("came_back", [True, False])

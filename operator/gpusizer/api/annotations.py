@@ -27,8 +27,8 @@ from gpusizer.timefmt import parse_time
 PAUSE_ANNOTATION = f"{GROUP}/paused"
 RESHAPE_ANNOTATION = f"{GROUP}/reshape"
 PREVIOUS_SLICE_ANNOTATION = f"{GROUP}/previous-slice"
-# On the operator's Lease (`charge`): since when its holder has found Prometheus unavailable
-PROMETHEUS_DOWN_SINCE_ANNOTATION = f"{GROUP}/prometheus-down-since"
+# On the operator's Lease (`charge`): the outages of Prometheus its holder knows, as JSON
+PROMETHEUS_OUTAGES_ANNOTATION = f"{GROUP}/prometheus-outages"
 
 
 class Record(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from gpusizer.charge import OutageSpans
 from gpusizer.report import metrics
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.queries import REPLICA_SIGNALS
@@ -45,6 +46,10 @@ class PrometheusState:
         """The outage going on, if any."""
         return self.outage if self.outage is not None and self.outage.until is None else None
 
+    def spans(self) -> OutageSpans:
+        """What the operator's Lease carries of this state (`charge`)."""
+        return tuple((o.since, o.until) for o in (self.outage, self.previous) if o is not None)
+
 
 def failed_whole(snapshot: Snapshot) -> Problem | None:
     """The first failure of a full read in which every query it sent failed; None if any
@@ -71,6 +76,12 @@ def scraped_before(snapshot: Snapshot, moment: float) -> tuple[int, int]:
             total += 1
             before += read_at - sample.age <= moment
     return before, total
+
+
+def _joined(first: Outage, later: Outage) -> Outage:
+    """Two outages that overlap, `first` begun no later, as one."""
+    until = None if first.until is None or later.until is None else max(first.until, later.until)
+    return Outage(first.problem, first.since, until)
 
 
 SETTLE_SECONDS = 60.0
@@ -120,26 +131,43 @@ class PrometheusHealth:
             )
         return self.state
 
-    def inherit(self, since: float, holder: str) -> None:
-        """A replica taking over starts in the outage its predecessor saw (from the Lease),
-        unless it saw one itself: its first read of a restarted Prometheus, with every sample
-        from before, would otherwise be judged as new and stale, and every workload say
-        StaleSamples (the soak, bench/README.md). The next full read ends it as any outage."""
-        if self.state.down is not None:
-            return
-        problem = Problem(
-            Reason.PROMETHEUS_UNREACHABLE,
-            f"Prometheus unavailable since {iso(since)}, as replica {holder} saw it",
-        )
-        self.state = PrometheusState(Outage(problem, since), self.state.outage)
-        self._scraping_since = None
-        metrics.PROMETHEUS_AVAILABLE.set(0)
-        log.warning(
-            "Prometheus has been unavailable since %s, as replica %s saw it: every workload "
-            "holds its replicas until it answers",
-            iso(since),
-            holder,
-        )
+    def inherit(self, spans: OutageSpans, holder: str) -> None:
+        """A replica taking over knows the outages its predecessor saw (from the Lease) as well
+        as its own: a replica started since would otherwise greet a restarted Prometheus's
+        samples from before as new and stale, and every workload say StaleSamples (the soak,
+        bench/README.md), or take the losses an outage left on the statuses, not yet followed
+        by its end, for the workloads' own. Where an outage of each overlaps, they are one, from
+        the earlier start; an outage inherited as going on ends at a full read as any."""
+        theirs = [
+            Outage(
+                Problem(
+                    Reason.PROMETHEUS_UNREACHABLE,
+                    f"Prometheus unavailable since {iso(since)}, as replica {holder} saw it",
+                ),
+                since,
+                until,
+            )
+            for since, until in spans
+        ]
+        known = [o for o in (self.state.outage, self.state.previous) if o is not None]
+        merged: list[Outage] = []
+        for outage in sorted([*known, *theirs], key=lambda o: o.since):
+            if merged and (merged[-1].until is None or outage.since <= merged[-1].until):
+                merged[-1] = _joined(merged[-1], outage)
+            else:
+                merged.append(outage)
+        was_down = self.state.down
+        self.state = PrometheusState(*reversed(merged[-2:]))
+        down = self.state.down
+        if down is not None and was_down is None:
+            self._scraping_since = None
+            metrics.PROMETHEUS_AVAILABLE.set(0)
+            log.warning(
+                "Prometheus has been unavailable since %s, as replica %s saw it: every workload "
+                "holds its replicas until it answers",
+                iso(down.since),
+                holder,
+            )
 
     def _scraping(self, snapshot: Snapshot, since: float) -> bool:
         """Whether Prometheus, answering again, is still catching up with its targets."""
