@@ -8,7 +8,7 @@ import itertools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,35 @@ def recovery(
     parts = [decided, metrics, scale_up]
     total = None if any(p is None for p in parts) else max(p for p in parts if p is not None)
     return {"decided": decided, "metrics": metrics, "scale_up": scale_up, "total": total}
+
+
+class Recovered:
+    """Which faults have recovered, asked again as the run goes on: a recovery once seen stays
+    (`recovery` reads only what came after the fault, and an owed scale-up once written stays
+    written), so each fault is judged until it has, and no longer."""
+
+    def __init__(self) -> None:
+        self._done: set[tuple[str, float]] = set()
+
+    def pending(
+        self,
+        faults: Iterable[Injected],
+        samples: Sequence[OperatorSample],
+        acting: Iterable[str],
+        owed_at: Callable[[float], Mapping[str, float | None]],
+    ) -> list[Injected]:
+        wanted = list(acting)
+        left = []
+        for fault in faults:
+            key = (fault.kind, fault.start)
+            if key in self._done:
+                continue
+            owed = owed_at(fault.end if fault.end is not None else fault.start)
+            if recovery(fault, samples, wanted, owed)["total"] is None:
+                left.append(fault)
+            else:
+                self._done.add(key)
+        return left
 
 
 def _first(values: Iterable[float]) -> float | None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from e2e.soak.checker import Checker, Rules
 from e2e.soak.faults import Injected
-from e2e.soak.report import OperatorSample, growth, outages, per_fault_counts, recovery
+from e2e.soak.report import (
+    OperatorSample,
+    Recovered,
+    growth,
+    outages,
+    per_fault_counts,
+    recovery,
+)
 
 T = 1_800_000_000.0
 FLEET = ["a", "b", "c", "d"]
@@ -28,6 +35,30 @@ def test_recovery_waits_for_decisions_metrics_and_owed_scale_ups() -> None:
     found = recovery(fault, samples, FLEET, {"b": T + 50})
     assert found == {"decided": 5.0, "metrics": 10.0, "scale_up": 20.0, "total": 20.0}
     assert recovery(fault, samples, FLEET, {"b": None})["total"] is None  # never written
+
+
+def test_the_run_settles_once_every_fault_has_recovered() -> None:
+    """Seed 33's last Prometheus kill, a minute before the end, was judged unrecovered: the
+    harness now waits for it, asking again only about the faults still pending."""
+    early = Injected("prometheus-500", T, end=T + 30)
+    late = Injected("prometheus-killed", T + 60, end=T + 90)
+    samples = [sample(0, 100, set(FLEET)), sample(40, 120, set(FLEET)), sample(90, 130, set())]
+    owed: dict[str, float | None] = {}
+    asked: list[float] = []
+
+    def owed_at(t: float) -> dict[str, float | None]:
+        asked.append(t)
+        return owed
+
+    recovered = Recovered()
+    assert recovered.pending([early, late], samples, FLEET, owed_at) == [late]
+    samples.append(sample(100, 140, set(FLEET)))
+    owed["b"] = None  # owed a scale-up from the late fault's end, not yet written
+    assert recovered.pending([early, late], samples, FLEET, owed_at) == [late]
+    owed["b"] = T + 120
+    asked.clear()
+    assert recovered.pending([early, late], samples, FLEET, owed_at) == []
+    assert asked == [T + 90]  # the early one, recovered, was not judged again
 
 
 def test_a_node_fault_waits_only_for_the_workloads_it_touched() -> None:
@@ -96,3 +127,15 @@ def test_growth_compares_the_window_after_warm_up_with_the_last() -> None:
     found = growth(samples, T + 600, T + 1200, 60)
     assert found["rss_mib"]["first"] < found["rss_mib"]["last"] < 1.10 * found["rss_mib"]["first"]
     assert found["cpu_cores"] == {"first": 0.05, "last": 0.05}
+
+
+def test_a_reshape_rolled_back_is_the_loads_not_the_faults() -> None:
+    """Seed 33: five reshapes started before the first fault found no capacity for their slice
+    and rolled back inside it."""
+    checker = Checker({n: Rules(n, 1, 6) for n in FLEET})
+    checker.events += [(T + 5, "soak/a", "Warning", "ReshapeRolledBack")] * 5
+    checker.events += [(T + 6, "soak/a", "Warning", "ScaleFailed")]
+    rows = per_fault_counts(
+        [Injected("prometheus-500", T, end=T + 20)], checker, 30, {"status_patches_max": 0}, 4, 100
+    )
+    assert (rows[0]["events"], rows[0]["load_events"]) == (1, 5)
