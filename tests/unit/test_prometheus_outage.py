@@ -19,6 +19,7 @@ from gpusizer.report import metrics
 from gpusizer.report.status import RefreshBudget
 from gpusizer.report.turn import OutageDamping
 from gpusizer.signals.health import (
+    KEPT_OUTAGES,
     SETTLE_SECONDS,
     Outage,
     PrometheusHealth,
@@ -186,7 +187,7 @@ async def test_an_outage_beginning_before_the_last_ones_end_was_shown_ends_quiet
     start = NOW + 60
     first_end = start + 120  # long enough for every status to say it
     await fleet.run(start, 300, down=[(start, first_end), (first_end + SYNC, first_end + 60)])
-    assert fleet.health.state.previous is not None  # two outages, not one
+    assert len(fleet.health.state.outages()) == 2  # two outages, not one
     for name in fleet.names:
         assert transitions(fleet, name, start)[-1] == "True", name
     assert [e for e in fleet.events if e[0] >= start] == []
@@ -208,6 +209,36 @@ async def test_a_loss_left_standing_by_an_end_nobody_followed_ends_quietly() -> 
     for name in fleet.names:
         assert transitions(fleet, name, start)[-1] == "True", name
     assert [e for e in fleet.events if e[0] >= start] == []
+
+
+async def test_a_loss_from_before_several_short_outages_ends_quietly() -> None:
+    """Seed 34's 124 MetricsRecovered: the replica lost the Lease just after a long outage
+    ended, and two short ones came and went before it decided again; with two outages kept,
+    the long one was forgotten and its losses taken for the workloads' own."""
+    fleet = Fleet(size=40)
+    await fleet.run(NOW, 60, down=[])
+    start = NOW + 60
+    long_end = start + 120
+    short = [(long_end + 30 * (i + 1), long_end + 30 * (i + 1) + 10) for i in range(3)]
+    away = (long_end - SYNC, short[-1][1] + SYNC)
+    await fleet.run(start, 360, down=[(start, long_end), *short], away=away)
+    assert all(transitions(fleet, n, start)[0] == "False" for n in fleet.names)
+    assert len(fleet.health.state.outages()) == 4
+    for name in fleet.names:
+        assert transitions(fleet, name, start)[-1] == "True", name
+    assert [e for e in fleet.events if e[0] >= start] == []
+
+
+def test_a_replica_keeps_its_last_outages_and_hands_as_many_over() -> None:
+    health = PrometheusHealth()
+    for i in range(KEPT_OUTAGES + 3):
+        health.observe(at(snapshot(None, [pod("chat-0")]), NOW + 20 * i))
+        health.observe(at(snapshot(70.0, [pod("chat-0")]), NOW + 20 * i + 10))
+    spans = health.state.spans()
+    assert len(spans) == KEPT_OUTAGES and spans[0] == (NOW + 20 * (KEPT_OUTAGES + 2), spans[0][1])
+    fresh = PrometheusHealth()
+    fresh.inherit((*spans, (NOW - 900, NOW - 800)), "replica-a")
+    assert fresh.state.spans() == spans
 
 
 async def known_again(lost: dict[str, Any], prometheus: PrometheusState) -> tuple[list[str], str]:
@@ -243,7 +274,7 @@ async def test_a_workload_unknown_for_its_own_reasons_recovers_with_an_event() -
 
 async def test_a_loss_between_two_outages_is_the_workloads_own() -> None:
     two = PrometheusState(
-        Outage(DOWN, since=NOW - 300, until=NOW - 1), Outage(DOWN, NOW - 900, NOW - 600)
+        Outage(DOWN, since=NOW - 300, until=NOW - 1), (Outage(DOWN, NOW - 900, NOW - 600),)
     )
     events, status = await known_again(lost_at(NOW - 500, "NoSamples"), two)
     assert (events, status) == (["MetricsRecovered"], "True")
@@ -500,9 +531,10 @@ def test_an_ended_outage_inherited_stays_ended_beside_one_going_on() -> None:
     health.inherit(((NOW - 300, NOW - 200),), "replica-a")  # over before this one began
     assert health.state.spans() == ((NOW, None), (NOW - 300, NOW - 200))
     fresh = PrometheusHealth()
-    fresh.inherit(((NOW - 60, NOW - 5), (NOW - 300, NOW - 200), (NOW - 999, NOW - 900)), "a")
+    handed = ((NOW - 60, NOW - 5), (NOW - 300, NOW - 200), (NOW - 999, NOW - 900))
+    fresh.inherit(handed, "a")
     assert fresh.state.down is None
-    assert fresh.state.spans() == ((NOW - 60, NOW - 5), (NOW - 300, NOW - 200))
+    assert fresh.state.spans() == handed
 
 
 async def test_a_successor_taking_over_before_an_outage_end_was_followed_ends_it_quietly() -> None:

@@ -53,15 +53,14 @@ class OutageDamping:
 
     def wrote(self, state: PrometheusState, since: float) -> bool:
         """Whether a loss a workload's status has shown since `since` may be an outage's (written
-        quietly once it had lasted the grace): `since` falls inside the outage going on or last,
-        or the one before it. A loss from an earlier outage stays shown past its end when no
-        replica was in charge to follow it (the soak, seed 31: the Lease changed hands across
-        the end, and the next outage's end brought 148 MetricsRecovered Events, each loss taken
-        for the workload's own)."""
+        quietly once it had lasted the grace): `since` falls inside an outage the replica knows.
+        A loss from an earlier outage stays shown past its end when no replica was in charge to
+        follow it (the soak, seed 31: the Lease changed hands across the end, and the next
+        outage's end brought 148 MetricsRecovered Events, each loss taken for the workload's
+        own)."""
         return any(
             outage.since <= since and (outage.until is None or since <= outage.until)
-            for outage in (state.outage, state.previous)
-            if outage is not None
+            for outage in state.outages()
         )
 
     def shown(self, outage: Outage, namespace: str, name: str, workloads: int, now: float) -> bool:

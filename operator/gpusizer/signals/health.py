@@ -32,23 +32,33 @@ class Outage:
     until: float | None = None  # of the first full read answered again; None while it lasts
 
 
+KEPT_OUTAGES = 8
+"""How many outages a replica remembers, and hands over in the Lease. A status shows the loss an
+outage wrote until a replica in charge follows that outage's end, and while no replica is (the
+Lease changing hands), several short outages may come and go: with two kept, seed 34's 124
+MetricsRecovered Events came from the third last (bench/README.md, "Soak")."""
+
+
 @dataclass(frozen=True)
 class PrometheusState:
     """What a cycle carries about Prometheus: the outage going on, else the last one, and the
-    one before it (whose end some workloads' statuses may not have followed yet when the next
-    began: report.turn)."""
+    ones before it (whose end some workloads' statuses may not have followed yet: report.turn)."""
 
     outage: Outage | None = None
-    previous: Outage | None = None
+    earlier: tuple[Outage, ...] = ()  # the last first, at most KEPT_OUTAGES - 1
 
     @property
     def down(self) -> Outage | None:
         """The outage going on, if any."""
         return self.outage if self.outage is not None and self.outage.until is None else None
 
+    def outages(self) -> tuple[Outage, ...]:
+        """Every outage kept, the last first."""
+        return self.earlier if self.outage is None else (self.outage, *self.earlier)
+
     def spans(self) -> OutageSpans:
         """What the operator's Lease carries of this state (`charge`)."""
-        return tuple((o.since, o.until) for o in (self.outage, self.previous) if o is not None)
+        return tuple((o.since, o.until) for o in self.outages())
 
 
 def failed_whole(snapshot: Snapshot) -> Problem | None:
@@ -112,7 +122,8 @@ class PrometheusHealth:
             return self.state
         self._scraping_since = None
         if problem is not None and down is None:
-            self.state = PrometheusState(Outage(problem, snapshot.time), self.state.outage)
+            kept = self.state.outages()[: KEPT_OUTAGES - 1]
+            self.state = PrometheusState(Outage(problem, snapshot.time), kept)
             metrics.PROMETHEUS_AVAILABLE.set(0)
             metrics.PROMETHEUS_OUTAGES.inc()
             log.warning(
@@ -123,7 +134,7 @@ class PrometheusHealth:
             )
         elif problem is None and down is not None:
             self.state = PrometheusState(
-                Outage(down.problem, down.since, snapshot.time), self.state.previous
+                Outage(down.problem, down.since, snapshot.time), self.state.earlier
             )
             metrics.PROMETHEUS_AVAILABLE.set(1)
             log.warning(
@@ -149,7 +160,7 @@ class PrometheusHealth:
             )
             for since, until in spans
         ]
-        known = [o for o in (self.state.outage, self.state.previous) if o is not None]
+        known = self.state.outages()
         merged: list[Outage] = []
         for outage in sorted([*known, *theirs], key=lambda o: o.since):
             if merged and (merged[-1].until is None or outage.since <= merged[-1].until):
@@ -157,7 +168,8 @@ class PrometheusHealth:
             else:
                 merged.append(outage)
         was_down = self.state.down
-        self.state = PrometheusState(*reversed(merged[-2:]))
+        kept = merged[::-1][:KEPT_OUTAGES]
+        self.state = PrometheusState(kept[0], tuple(kept[1:])) if kept else PrometheusState()
         down = self.state.down
         if down is not None and was_down is None:
             self._scraping_since = None
