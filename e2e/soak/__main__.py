@@ -55,7 +55,7 @@ DEMAND_WINDOW = 30.0  # the demand a scale-up is owed for: the mean over this lo
 MIG_SLICES = ["gpu-h100", "mig-1g.10gb", "mig-2g.20gb", "mig-3g.40gb"]
 # one in ten of each: what the operator must act on, and what it must leave alone
 KINDS = ("auto", "auto", "auto", "auto", "auto", "zero", "reshape", "recommend", "paused", "hpa")
-GROWTH_JUDGED_AFTER = 20 * 60.0  # memory and CPU growth: ten minutes of warm-up, ten measured
+GROWTH_JUDGED_AFTER = 20 * 60.0  # memory and CPU growth: ten minutes of warm-up, ten fitted
 SETTLE_SECONDS = 60.0  # after the last fault: wrong actions coming late
 # and until every fault has recovered, at most this long: the operator knows metrics again 1-4
 # minutes after Prometheus was killed (bench/README.md, "Soak"), and a run that ended a minute
@@ -614,9 +614,7 @@ def build_report(
         metrics_back,
     )
     warmed = t0 + max(warm, min(600.0, (faults_until - t0) * 0.2))
-    # ten-minute windows where the run allows: a minute's CPU swings from 0.03 to 0.26 cores
-    # with the faults it holds (seed 27, 2026-11-26), a minute against a minute judged noise
-    growth = report.growth(samples, warmed, end, max(60.0, min(600.0, (end - warmed) / 2)))
+    growth = report.growth(samples, warmed, end)
     restarts = [f for f in faults if f.kind == "apiserver-restart"]
     relisted = [
         {r for t, r in checker.lists if t > (f.end or f.start) - 1} >= WATCHED for f in restarts
@@ -704,9 +702,8 @@ def build_report(
 
 
 def _growth_check(figures: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """The replica in charge, in the ten minutes after the first ten against the last ten
-    (half of what follows the first ten each, on a shorter run): judged on runs of 20 minutes
-    or more (a shorter one is still warming up: not judged)."""
+    """Where the line through the replica in charge ends against where it starts
+    (report.growth): judged on runs of 20 minutes or more (a shorter one is still warming up)."""
     first, last = figures.get("first"), figures.get("last")
     if seconds < GROWTH_JUDGED_AFTER:
         return {"ok": True, "judged": False, "detail": f"{first} -> {last}, not judged: < 20 min"}

@@ -213,36 +213,59 @@ def summary(values: Sequence[float | None]) -> dict[str, Any]:
     }
 
 
+def _line(points: Sequence[tuple[float, float, float]]) -> Callable[[float], float] | None:
+    """Weighted least squares through (x, y, weight): None with fewer than two distinct x."""
+    total = sum(w for _, _, w in points)
+    if not points or total <= 0:
+        return None
+    mx = sum(x * w for x, _, w in points) / total
+    my = sum(y * w for _, y, w in points) / total
+    spread = sum(w * (x - mx) ** 2 for x, _, w in points)
+    if spread <= 0:
+        return None
+    slope = sum(w * (x - mx) * (y - my) for x, y, w in points) / spread
+    return lambda x: my + slope * (x - mx)
+
+
 def growth(
-    samples: Sequence[OperatorSample], warm: float, end: float, window: float
+    samples: Sequence[OperatorSample], warm: float, end: float, bin_seconds: float = 60.0
 ) -> dict[str, Any]:
-    """The active operator's RSS (median) and CPU (cores) in the window after `warm` and in the
-    last window before `end`, and RSS's maximum: a leak shows as the last above the first."""
-    active = [s for s in samples if s.active]
+    """The replica in charge from `warm` to `end`: RSS and CPU (cores) where a least-squares
+    line through them starts and ends, and RSS's maximum. A line, not two windows: a leader is
+    killed about every five minutes, so two windows compare different processes, and the
+    faults a window holds swing its CPU by a quarter (bench/README.md, "Seeds 33 and 34")."""
+    active = [s for s in samples if s.active and warm <= s.time <= end]
+    rss = _line([(s.time, s.rss_mib, 1.0) for s in active])
+    by_pid: dict[int, list[OperatorSample]] = defaultdict(list)
+    for s in samples:
+        by_pid[s.pid].append(s)
+    used: dict[int, float] = defaultdict(float)
+    seconds: dict[int, float] = defaultdict(float)
+    for got in by_pid.values():
+        for a, b in itertools.pairwise(got):
+            if b.active and warm <= a.time and b.time <= end:
+                slot = int((b.time - warm) // bin_seconds)
+                used[slot] += b.cpu_seconds - a.cpu_seconds
+                seconds[slot] += b.time - a.time
+    cpu = _line(
+        [
+            (warm + (slot + 0.5) * bin_seconds, used[slot] / span, span)
+            for slot, span in seconds.items()
+            if span > 0
+        ]
+    )
 
-    def in_window(a: float, b: float) -> list[OperatorSample]:
-        return [s for s in active if a <= s.time < b]
+    def ends(line: Callable[[float], float] | None, digits: int) -> dict[str, float | None]:
+        if line is None:
+            return {"first": None, "last": None}
+        return {"first": round(line(warm), digits), "last": round(line(end), digits)}
 
-    def cores(rows: list[OperatorSample]) -> float | None:
-        by_pid: dict[int, list[OperatorSample]] = defaultdict(list)
-        for s in rows:
-            by_pid[s.pid].append(s)
-        used = span = 0.0
-        for got in by_pid.values():
-            if len(got) > 1:
-                used += got[-1].cpu_seconds - got[0].cpu_seconds
-                span += got[-1].time - got[0].time
-        return round(used / span, 3) if span else None
-
-    first, last = in_window(warm, warm + window), in_window(end - window, end)
-    rss = [s.rss_mib for s in active]
     return {
         "rss_mib": {
-            "first": round(statistics.median(s.rss_mib for s in first), 1) if first else None,
-            "last": round(statistics.median(s.rss_mib for s in last), 1) if last else None,
-            "max": round(max(rss), 1) if rss else None,
+            **ends(rss, 1),
+            "max": round(max(s.rss_mib for s in active), 1) if active else None,
         },
-        "cpu_cores": {"first": cores(first), "last": cores(last)},
+        "cpu_cores": ends(cpu, 3),
     }
 
 

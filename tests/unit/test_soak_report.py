@@ -119,14 +119,42 @@ def test_a_long_outage_of_prometheus_lets_every_workload_say_so() -> None:
     assert rows[0]["status_patches_bound"] == 0
 
 
-def test_growth_compares_the_window_after_warm_up_with_the_last() -> None:
-    samples = [
-        OperatorSample(T + t, "replica-a", 7, 100 + t / 100, t * 0.05, t, True)
-        for t in range(0, 1200, 5)
+def leaders(fleet_growth: float) -> list[OperatorSample]:
+    """A leader killed every five minutes, each process growing 10 MiB in its life, on top of
+    what the fleet's state adds (MiB per second)."""
+    return [
+        OperatorSample(
+            T + t,
+            "replica-a" if (t // 300) % 2 else "replica-b",
+            t // 300,
+            100 + fleet_growth * t + (t % 300) / 30,
+            (t % 300) * 0.05,
+            t,
+            t % 300 != 0,
+        )
+        for t in range(0, 2400, 5)
     ]
-    found = growth(samples, T + 600, T + 1200, 60)
-    assert found["rss_mib"]["first"] < found["rss_mib"]["last"] < 1.10 * found["rss_mib"]["first"]
-    assert found["cpu_cores"] == {"first": 0.05, "last": 0.05}
+
+
+def test_growth_is_where_a_line_through_the_replica_in_charge_ends() -> None:
+    """Two windows would compare processes of different ages; the line sees the fleet's growth,
+    and none where there is none."""
+    found = growth(leaders(1 / 200), T + 600, T + 2400)
+    rss = found["rss_mib"]
+    assert 1.07 < rss["last"] / rss["first"] < 1.11
+    assert rss["max"] == round(max(s.rss_mib for s in leaders(1 / 200) if s.time >= T + 600), 1)
+    cpu = found["cpu_cores"]
+    assert abs(cpu["first"] - 0.05) < 0.002 and abs(cpu["last"] - 0.05) < 0.002
+    flat = growth(leaders(0.0), T + 600, T + 2400)["rss_mib"]
+    assert flat["last"] / flat["first"] < 1.02
+
+
+def test_growth_says_nothing_without_a_replica_in_charge() -> None:
+    samples = [OperatorSample(T + t, "replica-a", 7, 100.0, t, 0, False) for t in range(0, 99, 5)]
+    assert growth(samples, T, T + 100) == {
+        "rss_mib": {"first": None, "last": None, "max": None},
+        "cpu_cores": {"first": None, "last": None},
+    }
 
 
 def test_a_reshape_rolled_back_is_the_loads_not_the_faults() -> None:
