@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +127,13 @@ class Cluster:
 
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def promql(self, query: str) -> list[dict[str, Any]]:
+        """An instant query's result vector, from this cluster's Prometheus."""
+        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result: list[dict[str, Any]] = json.loads(response.read())["data"]["result"]
+        return result
 
     def register_scrape_target(
         self, name: str, targets: list[str], job: str, labels: dict[str, str] | None = None

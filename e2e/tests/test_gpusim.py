@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,12 +22,6 @@ def http_json(method: str, url: str, body: Any = None) -> Any:
     request = urllib.request.Request(url, data=data, method=method)
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
-
-
-def promql(cluster: Cluster, query: str) -> list[dict[str, Any]]:
-    url = f"{cluster.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    result: list[dict[str, Any]] = http_json("GET", url)["data"]["result"]
-    return result
 
 
 def pods(cluster: Cluster, namespace: str, app: str) -> list[dict[str, Any]]:
@@ -86,17 +79,17 @@ def test_replica_becomes_ready_after_startup_and_serves_series(
     selector = f'namespace="{namespace}",pod="{name}"'
 
     def util() -> list[dict[str, Any]]:
-        rows = promql(cluster, f"DCGM_FI_DEV_GPU_UTIL{{{selector}}}")
+        rows = cluster.promql(f"DCGM_FI_DEV_GPU_UTIL{{{selector}}}")
         return [r for r in rows if r["value"][1] == "60"]
 
     [row] = wait_until(util, timeout=60, interval=1, what="GPU_UTIL 60 % in Prometheus")
     labels = row["metric"]
     assert labels["modelName"] == "NVIDIA H100 80GB HBM3" and labels["container"] == "vllm"
     assert labels["Hostname"] == pod["spec"]["nodeName"]
-    [used] = promql(cluster, f"DCGM_FI_DEV_FB_USED{{{selector}}}")
+    [used] = cluster.promql(f"DCGM_FI_DEV_FB_USED{{{selector}}}")
     assert used["value"][1] == "20000"
     vllm = wait_until(
-        lambda: promql(cluster, f'vllm:num_requests_running{{namespace="{namespace}"}}'),
+        lambda: cluster.promql(f'vllm:num_requests_running{{namespace="{namespace}"}}'),
         timeout=60,
         interval=1,
         what="vLLM series in Prometheus",
@@ -177,8 +170,8 @@ def test_mig_repartition(cluster: Cluster, idle_h100_node: str) -> None:
     assert labels["nvidia.com/mig-3g.40gb.memory"] == "40448"
 
     def instances() -> list[dict[str, Any]]:
-        rows = promql(
-            cluster, f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{Hostname="{node}",GPU_I_PROFILE="3g.40gb"}}'
+        rows = cluster.promql(
+            f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{Hostname="{node}",GPU_I_PROFILE="3g.40gb"}}'
         )
         return rows if len(rows) == 16 else []
 
