@@ -273,6 +273,7 @@ class Simulator:
                 "readyReplicas": state.ready_replicas,
                 "gatewayPending": state.gateway_pending,
                 "pods": pods,
+                "viewedAt": self._last,  # the tick that read these pods from the cluster
                 **self.served.describe(key),
                 # since the emulator started, whatever the servers' restarts: ground truth
                 "accounting": {

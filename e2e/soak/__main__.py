@@ -400,7 +400,7 @@ def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             active,
             # asked now, not the last sample: a workload scaled down off a node in the 5 s
             # since was judged as if its metrics were hidden with the node's (seed 27's w125)
-            lambda: ready_by_node(emulated(cluster)),
+            lambda since=0.0: ready_by_node(emulated(cluster), since),
             apps,
             core,
             custom,
@@ -518,8 +518,13 @@ def emulated(cluster: Cluster) -> list[dict[str, Any]]:
     return described
 
 
-def ready_by_node(described: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """GPU node -> the workloads with a ready pod on it."""
+def ready_by_node(
+    described: list[dict[str, Any]], since: float = 0.0
+) -> dict[str, set[str]] | None:
+    """GPU node -> the workloads with a ready pod on it, if the emulator read its pods from the
+    cluster at or after `since` (None: not yet)."""
+    if any((item.get("viewedAt") or 0.0) < since for item in described):
+        return None
     nodes: dict[str, set[str]] = {}
     for item in described:
         for pod in item["pods"]:

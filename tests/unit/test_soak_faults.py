@@ -8,6 +8,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from e2e.soak import faults
+from e2e.soak.__main__ import ready_by_node
 
 
 class ControlPlane:
@@ -89,3 +90,19 @@ def test_a_take_over_is_timed_only_while_the_api_server_answers() -> None:
             clock.ready, lambda: False, 30, "a take-over", lambda: clock.now, clock.pause
         )
     assert clock.now == 31
+
+
+def test_the_pods_a_node_hides_come_from_a_view_read_after_the_fault_began() -> None:
+    """Seed 36: a view one tick old still showed w171's pod, deleted half a second before."""
+
+    def pod(node: str, ready: bool = True) -> dict[str, object]:
+        return {"node": node, "ready": ready}
+
+    older = [{"name": "w171", "pods": [pod("n7"), pod("n1")], "viewedAt": 99.5}]
+    assert ready_by_node(older, since=100.0) is None
+    assert ready_by_node(older) == {"n7": {"w171"}, "n1": {"w171"}}
+    later = [
+        {"name": "w171", "pods": [pod("n1")], "viewedAt": 100.5},
+        {"name": "w031", "pods": [pod("n7"), pod("n2", ready=False)], "viewedAt": 100.6},
+    ]
+    assert ready_by_node(later, since=100.0) == {"n1": {"w171"}, "n7": {"w031"}}
