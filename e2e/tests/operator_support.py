@@ -462,11 +462,7 @@ class Workloads:
         query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{self.namespace}",pod=~"{name}-.+"}}'
 
         def busy() -> bool:
-            answer = requests.get(
-                f"{self.cluster.prometheus_url}/api/v1/query", params={"query": query}, timeout=5
-            )
-            answer.raise_for_status()
-            values = [float(s["value"][1]) for s in answer.json()["data"]["result"]]
+            values = [float(s["value"][1]) for s in self.cluster.promql(query)]
             return len(values) == replicas and all(abs(v - 70) <= 2 for v in values)
 
         wait_until(busy, 60, what=f"Prometheus reading {name}'s {replicas} replicas at 70 %")
