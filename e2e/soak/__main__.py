@@ -710,10 +710,13 @@ def _growth_check(figures: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Where the line through the replica in charge ends against where it starts
     (report.growth): judged on runs of 20 minutes or more (a shorter one is still warming up)."""
     first, last = figures.get("first"), figures.get("last")
+    seen = f"{first} -> {last}"
+    if figures.get("growth_se_pct") is not None:
+        seen += f" ({figures['growth_pct']:+} % ± {figures['growth_se_pct']} %)"
     if seconds < GROWTH_JUDGED_AFTER:
-        return {"ok": True, "judged": False, "detail": f"{first} -> {last}, not judged: < 20 min"}
+        return {"ok": True, "judged": False, "detail": f"{seen}, not judged: < 20 min"}
     ok = first is not None and last is not None and last <= 1.10 * first
-    return {"ok": ok, "judged": True, "detail": f"{first} -> {last}"}
+    return {"ok": ok, "judged": True, "detail": seen}
 
 
 def _decisions(samples: list[report.OperatorSample]) -> int:

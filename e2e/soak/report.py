@@ -213,7 +213,21 @@ def summary(values: Sequence[float | None]) -> dict[str, Any]:
     }
 
 
-def _line(points: Sequence[tuple[float, float, float]]) -> Callable[[float], float] | None:
+@dataclass(frozen=True)
+class Line:
+    """A weighted least-squares line, and the standard error of its slope from its residuals
+    (each point's variance taken as inversely proportional to its weight)."""
+
+    mx: float
+    my: float
+    slope: float
+    slope_se: float | None  # None with fewer than three points
+
+    def __call__(self, x: float) -> float:
+        return self.my + self.slope * (x - self.mx)
+
+
+def _line(points: Sequence[tuple[float, float, float]]) -> Line | None:
     """Weighted least squares through (x, y, weight): None with fewer than two distinct x."""
     total = sum(w for _, _, w in points)
     if not points or total <= 0:
@@ -224,7 +238,10 @@ def _line(points: Sequence[tuple[float, float, float]]) -> Callable[[float], flo
     if spread <= 0:
         return None
     slope = sum(w * (x - mx) * (y - my) for x, y, w in points) / spread
-    return lambda x: my + slope * (x - mx)
+    if len(points) < 3:
+        return Line(mx, my, slope, None)
+    residual = sum(w * (y - my - slope * (x - mx)) ** 2 for x, y, w in points)
+    return Line(mx, my, slope, math.sqrt(residual / (len(points) - 2) / spread))
 
 
 def growth(
@@ -233,7 +250,11 @@ def growth(
     """The replica in charge from `warm` to `end`: RSS and CPU (cores) where a least-squares
     line through them starts and ends, and RSS's maximum. A line, not two windows: a leader is
     killed about every five minutes, so two windows compare different processes, and the
-    faults a window holds swing its CPU by a quarter (bench/README.md, "Seeds 33 and 34")."""
+    faults a window holds swing its CPU by a quarter (bench/README.md, "Seeds 33 and 34").
+    CPU also says how far its growth is known (`growth_se_pct`, one standard error, from the
+    scatter of its bins about the line): the bins of a run with faults scatter so widely that
+    an hour resolves its growth to about 20 % (bench/README.md, "How far an hour resolves CPU
+    growth"). RSS says none: its samples, 5 s apart, are not independent."""
     active = [s for s in samples if s.active and warm <= s.time <= end]
     rss = _line([(s.time, s.rss_mib, 1.0) for s in active])
     by_pid: dict[int, list[OperatorSample]] = defaultdict(list)
@@ -255,17 +276,22 @@ def growth(
         ]
     )
 
-    def ends(line: Callable[[float], float] | None, digits: int) -> dict[str, float | None]:
+    def ends(line: Line | None, digits: int) -> dict[str, float | None]:
         if line is None:
             return {"first": None, "last": None}
         return {"first": round(line(warm), digits), "last": round(line(end), digits)}
 
+    cpu_growth: dict[str, float | None] = {"growth_pct": None, "growth_se_pct": None}
+    if cpu is not None and cpu(warm) > 0:
+        cpu_growth["growth_pct"] = round(100 * cpu.slope * (end - warm) / cpu(warm), 1)
+        if cpu.slope_se is not None:
+            cpu_growth["growth_se_pct"] = round(100 * cpu.slope_se * (end - warm) / cpu(warm), 1)
     return {
         "rss_mib": {
             **ends(rss, 1),
             "max": round(max(s.rss_mib for s in active), 1) if active else None,
         },
-        "cpu_cores": ends(cpu, 3),
+        "cpu_cores": {**ends(cpu, 3), **cpu_growth},
     }
 
 

@@ -3,6 +3,8 @@ fault cost against its bound, and growth of the operator's memory."""
 
 from __future__ import annotations
 
+import random
+
 from e2e.soak.checker import Checker, Rules
 from e2e.soak.faults import Injected
 from e2e.soak.report import (
@@ -149,11 +151,43 @@ def test_growth_is_where_a_line_through_the_replica_in_charge_ends() -> None:
     assert flat["last"] / flat["first"] < 1.02
 
 
+def noisy_leader(rng: random.Random, fleet_growth: float) -> list[OperatorSample]:
+    """One process in charge for an hour, its CPU rate scattering 40 % minute to minute about
+    a mean of 0.12 cores that grows by `fleet_growth` over the hour (a run with faults)."""
+    samples, used = [], 0.0
+    for t in range(0, 3600, 5):
+        if t % 60 == 0:
+            rate = 0.12 * (1 + fleet_growth * t / 3600) * max(0.0, rng.gauss(1.0, 0.4))
+        samples.append(OperatorSample(T + t, "replica-a", 1, 100.0, used, t, True))
+        used += rate * 5
+    return samples
+
+
+def test_cpu_growth_says_how_far_it_is_known() -> None:
+    """Its standard error is calibrated: a flat operator's growth falls outside two of them in
+    about one run in twenty, and a grown one's is found within them."""
+    rng = random.Random(7)
+    outside = 0
+    for _ in range(200):
+        cpu = growth(noisy_leader(rng, 0.0), T + 600, T + 3600)["cpu_cores"]
+        assert 10 < cpu["growth_se_pct"] < 30
+        outside += abs(cpu["growth_pct"]) > 2 * cpu["growth_se_pct"]
+    assert 2 <= outside <= 20
+    grown = [growth(noisy_leader(rng, 1.0), T + 600, T + 3600)["cpu_cores"] for _ in range(50)]
+    # the line starts at 10 minutes: 0.12 * 7/6 -> 0.24, +71 %
+    assert sum(abs(c["growth_pct"] - 71.4) < 2 * c["growth_se_pct"] for c in grown) >= 40
+
+
+def test_a_steady_operator_has_its_growth_known_closely() -> None:
+    cpu = growth(leaders(0.0), T + 600, T + 2400)["cpu_cores"]
+    assert cpu["growth_se_pct"] is not None and cpu["growth_se_pct"] < 1
+
+
 def test_growth_says_nothing_without_a_replica_in_charge() -> None:
     samples = [OperatorSample(T + t, "replica-a", 7, 100.0, t, 0, False) for t in range(0, 99, 5)]
     assert growth(samples, T, T + 100) == {
         "rss_mib": {"first": None, "last": None, "max": None},
-        "cpu_cores": {"first": None, "last": None},
+        "cpu_cores": {"first": None, "last": None, "growth_pct": None, "growth_se_pct": None},
     }
 
 
