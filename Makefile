@@ -145,5 +145,5 @@ MINUTES ?= 60
 SOAK_OUT := $(if $(filter command line environment,$(origin OUT)),$(OUT),soak.json)
 
 .PHONY: soak
-soak: venv prometheus cluster-binary ## 200 workloads, two operator replicas, a random fault every 30 s, judged from the audit log (MINUTES=60 SEED= OUT=soak.json TRACES=)
-	$(PY) -m e2e.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(SEED),--seed $(SEED)) $(if $(TRACES),--traces-dir $(TRACES))
+soak: venv prometheus cluster-binary ## 200 workloads, two operator replicas, a random fault every 30 s, judged from the audit log (MINUTES=60 SEED= OUT=soak.json TRACES= FAULT_EVERY=30, 0: none)
+	$(PY) -m e2e.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(SEED),--seed $(SEED)) $(if $(TRACES),--traces-dir $(TRACES)) $(if $(FAULT_EVERY),--fault-every $(FAULT_EVERY))

@@ -5,9 +5,11 @@ replayed from the shared traces (time-compressed, each workload shifted into its
 loop), some scaling to zero, some right-sized in Auto, some in Recommend, paused or owned by an
 HPA; two operator replicas under one kopf peering, reading Prometheus through a proxy that can
 misbehave; a fault every `--fault-every` seconds after a warm-up (faults.py), drawn from a
-seeded generator whose seed is printed. Every write the operator makes is read from the API
-server's audit log and judged by checker.py against what was true then; report.py turns the
-samples into the report, written to `--out` as JSON. Exit status 1 when a check fails.
+seeded generator whose seed is printed, or none with `--fault-every 0`: a quiet run, which
+measures the operator's growth without the scatter that faults add (report.growth).
+Every write the operator makes is read from the API server's audit log and judged by
+checker.py against what was true then; report.py turns the samples into the report, written
+to `--out` as JSON. Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ MIG_SLICES = ["gpu-h100", "mig-1g.10gb", "mig-2g.20gb", "mig-3g.40gb"]
 # one in ten of each: what the operator must act on, and what it must leave alone
 KINDS = ("auto", "auto", "auto", "auto", "auto", "zero", "reshape", "recommend", "paused", "hpa")
 GROWTH_JUDGED_AFTER = 20 * 60.0  # memory and CPU growth: ten minutes of warm-up, ten fitted
+QUIET_SLOT_SECONDS = 30.0  # a quiet run's Events and status patches are counted in slots this long
 SETTLE_SECONDS = 60.0  # after the last fault: wrong actions coming late
 # and until every fault has recovered, at most this long: the operator knows metrics again 1-4
 # minutes after Prometheus was killed (bench/README.md, "Soak"), and a run that ended a minute
@@ -412,8 +415,12 @@ def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         faults_from, faults_until = t0 + warm, t0 + total
         next_fault, next_truth = faults_from, 0.0
         log(
-            f"soak: {args.minutes:g} min, seed {seed}, a fault every {args.fault_every:g}s "
-            f"from {warm:.0f}s"
+            f"soak: {args.minutes:g} min, seed {seed}, "
+            + (
+                f"a fault every {args.fault_every:g}s from {warm:.0f}s"
+                if args.fault_every
+                else "no faults (a quiet run)"
+            )
         )
         faults_over: float | None = None
         recovered, awaited = report.Recovered(), False
@@ -457,7 +464,7 @@ def run(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                             last_look[op.name] = seen
                             if seen.active:
                                 decided_at[op.name] = now
-                if faults_from <= now < faults_until and now >= next_fault:
+                if args.fault_every and faults_from <= now < faults_until and now >= next_fault:
                     next_fault += args.fault_every
                     fault = schedule.inject()
                     if fault is not None:
@@ -608,11 +615,12 @@ def build_report(
         recoveries.setdefault(f.kind, []).append(r["total"])
         for part in ("decided", "metrics", "scale_up"):
             parts.setdefault(f.kind, {}).setdefault(part, []).append(r[part])
-    baseline = report.baseline_counts(checker, t0, t0 + warm, args.fault_every)
+    slot = args.fault_every or QUIET_SLOT_SECONDS
+    baseline = report.baseline_counts(checker, t0, t0 + warm, slot)
     per_fault = report.per_fault_counts(
         faults,
         checker,
-        args.fault_every,
+        slot,
         baseline,
         len(acting),
         OUTAGE_GRACE_SECONDS,
@@ -633,9 +641,12 @@ def build_report(
             "detail": schedule.errors,
         },
         "every kind of fault": {
-            "ok": all(report.fault_counts(faults).values())
+            "ok": not args.fault_every
+            or all(report.fault_counts(faults).values())
             or args.minutes * 60 < 11 * args.fault_every + warm,
-            "detail": "all kinds come once in every 11 faults",
+            "detail": "all kinds come once in every 11 faults"
+            if args.fault_every
+            else "a quiet run: no faults",
         },
         "events per fault bounded": {
             "ok": all(r["events"] <= r["events_bound"] for r in per_fault),
@@ -762,7 +773,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="default: drawn, and printed")
     p.add_argument("--out", default="soak.json")
     p.add_argument("--workloads", type=int, default=200)
-    p.add_argument("--fault-every", type=float, default=30.0)
+    p.add_argument("--fault-every", type=float, default=30.0, help="seconds; 0: no faults")
     p.add_argument("--owed-bound", type=float, default=90.0, help="seconds a scale-up may be owed")
     p.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"))
     p.add_argument(
@@ -771,7 +782,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="use (or start) the cluster of this state dir, and keep it",
     )
     p.add_argument("--keep", action="store_true", help="leave the soak's own cluster running")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.fault_every < 0:
+        p.error(f"--fault-every: {args.fault_every:g} is negative; 0 means no faults")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

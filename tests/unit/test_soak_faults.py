@@ -1,5 +1,5 @@
 """The soak's faults make their edits through the other faults: an edit sent while the API
-server restarts waits for it, instead of leaving the fault half done."""
+server restarts waits for it, instead of leaving the fault half done; and none in a quiet run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from e2e.soak import faults
-from e2e.soak.__main__ import ready_by_node
+from e2e.soak.__main__ import parse_args, ready_by_node
 
 
 class ControlPlane:
@@ -106,3 +106,12 @@ def test_the_pods_a_node_hides_come_from_a_view_read_after_the_fault_began() -> 
         {"name": "w031", "pods": [pod("n7"), pod("n2", ready=False)], "viewedAt": 100.6},
     ]
     assert ready_by_node(later, since=100.0) == {"n1": {"w171"}, "n7": {"w031"}}
+
+
+def test_a_quiet_run_is_asked_for_with_zero_and_a_negative_period_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_args(["--fault-every", "0"]).fault_every == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--fault-every", "-3"])
+    assert "--fault-every: -3 is negative; 0 means no faults" in capsys.readouterr().err
