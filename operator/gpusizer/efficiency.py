@@ -351,7 +351,7 @@ def _energy(
         return None, None
     mig = {p.key: p.seconds for p in pods if p.slice is not None and p.slice.profile is not None}
     split, failed = split_mig_energy(
-        instance_readings(history.instances), catalog_shares(catalog), mig
+        instance_readings(history.instances_of(mig)), catalog_shares(catalog), mig
     )
     joules = watts = 0.0
     from_gauge = []

@@ -332,26 +332,50 @@ def test_instance_series_are_joined_by_their_labels() -> None:
     assert by_instance["1"].pod is None and by_instance["1"].power_watts is None
 
 
-def test_a_mig_pod_through_the_whole_window_readings() -> None:
-    active = {"4": 0.5}
-    power = emulated_power(active)
+def instance_series(readings: list[InstanceReading]) -> dict[str, list[LabelledValue]]:
+    """What the instance queries would answer for these readings."""
     series: dict[str, list[LabelledValue]] = {ENERGY: [], POWER: [], "active": []}
-    for r in gpu(active, {"4": "big"}, power):
+    for r in readings:
         labels = {
             "UUID": r.gpu,
             "GPU_I_ID": r.instance,
             "GPU_I_PROFILE": r.profile,
             "modelName": r.model_name,
-            **({"namespace": "llm", "pod": "big"} if r.pod else {}),
+            **({"namespace": r.pod[0], "pod": r.pod[1]} if r.pod else {}),
         }
-        series[ENERGY].append(LabelledValue(labels, power * WINDOW * 1000))
-        series[POWER].append(LabelledValue(labels, power))
+        series[ENERGY].append(LabelledValue(labels, (r.energy_joules or 0.0) * 1000))
+        series[POWER].append(LabelledValue(labels, r.power_watts or 0.0))
         series["active"].append(LabelledValue(labels, r.active or 0.0))
+    return series
+
+
+def test_a_mig_pod_through_the_whole_window_readings() -> None:
+    active = {"4": 0.5}
+    series = instance_series(gpu(active, {"4": "big"}, emulated_power(active)))
     signals = {REQUESTS: samples(big=120), OUTPUT_TOKENS: samples(big=12_000)}
     found = efficiency(history(signals, series), [pod("big", mig("mig-3g.40gb"))], CATALOG)
     assert found.watts == pytest.approx(165.0)
     assert found.cost == pytest.approx(1.50 * WINDOW / 3600)  # half an H100's price
     assert found.figures.kwh_per_1k_requests == pytest.approx(165 * WINDOW / 3.6e6 / 120 * 1000)
+
+
+def test_a_turn_reads_the_instance_series_of_its_own_gpus_only() -> None:
+    """The window holds a series for every pod that held an instance in it, so where pods come
+    and go they grow for as long as the window; every workload's turn reads those of the GPUs
+    its pods held, the neighbours' included (the split needs them), and no other GPU's."""
+    mine = gpu({"4": 0.5, "1": 0.2}, {"4": "big", "1": "neighbour"}, 205.0)
+    gone = [r for n in range(3) for r in gpu({}, {"1": f"gone-{n}"}, 100.0, uuid="GPU-2")]
+    window = history({}, instance_series(mine + gone))
+    read = window.instances_of([("llm", "big")])
+    assert {s.labels["UUID"] for series in read.values() for s in series} == {"GPU-1"}
+    assert [len(read[name]) for name in (ENERGY, POWER, "active")] == [len(mine)] * 3
+    assert window.instances_of([("llm", "nobody")]) == {}
+    signals = {REQUESTS: samples(big=120), OUTPUT_TOKENS: samples(big=12_000)}
+    serving = [pod("big", mig("mig-3g.40gb"))]
+    alone = efficiency(history(signals, instance_series(mine)), serving, CATALOG)
+    assert alone.joules is not None
+    crowded = history(signals, instance_series(mine + gone))
+    assert efficiency(crowded, serving, CATALOG) == alone
 
 
 # --- after a move: estimates --------------------------------------------------------------

@@ -138,11 +138,11 @@ class HistoryCache:
         )
 
     async def _fetch(self, window: int) -> UsageHistory:
-        history = UsageHistory(window_seconds=window, time=self._wall())
-        history.signals, history.errors = await self._source.per_pod_batch(history_queries(window))
-        history.instances, errors = await self._source.series_batch(instance_queries(window))
-        history.errors.update({f"mig_{name}": problem for name, problem in errors.items()})
-        return history
+        at = self._wall()
+        signals, errors = await self._source.per_pod_batch(history_queries(window))
+        instances, mig_errors = await self._source.series_batch(instance_queries(window))
+        errors.update({f"mig_{name}": problem for name, problem in mig_errors.items()})
+        return UsageHistory(window, at, signals, errors, instances)
 
     async def get(self, window: int) -> UsageHistory:
         return await self._cache.get(window)

@@ -5,16 +5,16 @@ Pure: from the window's range queries (read by `reader.HistoryCache`) and the wo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpusizer.policy.slices import Usage
-from gpusizer.signals.parse import LabelledValue, PodSamples, Problem
+from gpusizer.signals.parse import LabelledValue, PodKey, PodSamples, Problem, pod_key
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.queries import REQUESTS
 
 
-@dataclass
+@dataclass(frozen=True)
 class UsageHistory:
     """The window's range queries, per pod and signal, and per MIG instance (`HistoryCache`)."""
 
@@ -23,6 +23,40 @@ class UsageHistory:
     signals: dict[str, PodSamples] = field(default_factory=dict)
     errors: dict[str, Problem] = field(default_factory=dict)
     instances: dict[str, list[LabelledValue]] = field(default_factory=dict)
+    # the instance series by GPU (UUID), each by query, and the GPUs each pod held an instance
+    # of: built once per read of the window (`instances_of`)
+    _by_gpu: dict[str, dict[str, list[LabelledValue]]] = field(
+        init=False, repr=False, compare=False
+    )
+    _gpus_of: dict[PodKey, set[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_gpu: dict[str, dict[str, list[LabelledValue]]] = {}
+        gpus_of: dict[PodKey, set[str]] = {}
+        for name, series in self.instances.items():
+            for item in series:
+                gpu = item.labels.get("UUID")
+                if not gpu:
+                    continue
+                by_gpu.setdefault(gpu, {}).setdefault(name, []).append(item)
+                pod = pod_key(item.labels)
+                if pod is not None:
+                    gpus_of.setdefault(pod, set()).add(gpu)
+        object.__setattr__(self, "_by_gpu", by_gpu)
+        object.__setattr__(self, "_gpus_of", gpus_of)
+
+    def instances_of(self, pods: Iterable[PodKey]) -> dict[str, list[LabelledValue]]:
+        """Per query, the series of every GPU on which one of `pods` held an instance in the
+        window, its neighbours' included: what splitting those GPUs' energy needs. Every
+        workload's turn asks this, and the window holds a series for every pod that held an
+        instance in it, so it grows with every pod that came and went: a turn must cost its
+        own GPUs, not all of them (bench/efficiency_turn.py)."""
+        found: dict[str, list[LabelledValue]] = {}
+        gpus = {gpu for pod in pods for gpu in self._gpus_of.get(pod, ())}
+        for gpu in sorted(gpus):
+            for name, series in self._by_gpu[gpu].items():
+                found.setdefault(name, []).extend(series)
+        return found
 
 
 def usage(history: UsageHistory, pods: Sequence[PodInfo], now: float) -> tuple[Usage, list[str]]:
