@@ -137,7 +137,7 @@ def per_fault_counts(
         return max(slot, back.get((f.kind, f.start)) or 0.0)
 
     rows = []
-    for fault, nxt in zip(ordered, [*ordered[1:], None], strict=True):
+    for fault, nxt in itertools.zip_longest(ordered, ordered[1:]):
         start = fault.start
         stop = min(nxt.start if nxt is not None else math.inf, start + slot)
         on = [

@@ -121,6 +121,12 @@ def test_a_long_outage_of_prometheus_lets_every_workload_say_so() -> None:
     assert rows[0]["status_patches_bound"] == 0
 
 
+def test_a_quiet_run_has_no_fault_to_count() -> None:
+    """FAULT_EVERY=0: the first hour-long quiet run lost its report here."""
+    checker = Checker({n: Rules(n, 1, 6) for n in FLEET})
+    assert per_fault_counts([], checker, 30, {"status_patches_max": 0}, 4, 100) == []
+
+
 def leaders(fleet_growth: float) -> list[OperatorSample]:
     """A leader killed every five minutes, each process growing 10 MiB in its life, on top of
     what the fleet's state adds (MiB per second)."""
