@@ -20,6 +20,7 @@ from gpusizer.api.partitioning import REPARTITION_ANNOTATION, REPARTITION_FAILUR
 from gpusizer.api.v1alpha1 import TargetRef
 from gpusizer.catalog import load_catalog
 from gpusizer.charge import LeaseRecord
+from gpusizer.clock import Cycle
 from gpusizer.cluster import WorkloadObject
 from gpusizer.lease import LeaseConflict
 from gpusizer.measurement import Measurer
@@ -342,3 +343,8 @@ class FakeLease:
         self.record = replace(record, version=str(self._version))
         self.writes.append(self.record)
         return self.record
+
+
+async def never_fetched() -> Cycle:
+    """A CycleClock's fetch where a test publishes its cycles itself."""
+    raise AssertionError("no cycle is fetched here")

@@ -74,7 +74,7 @@ async def fetch_cycle(
     other autoscalers, for every workload."""
     started = time.monotonic()
     snapshot = await reader.read()
-    prometheus = health.observe(snapshot)
+    health.observe(snapshot)
     metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
         time.monotonic() - started
     )
@@ -88,7 +88,9 @@ async def fetch_cycle(
         snapshot=snapshot,
         autoscalers=owners,
         error=error,
-        prometheus=prometheus,
+        # read after the awaits: a replica that took over meanwhile knows its predecessor's
+        # outages too (startup.Runtime.took_over)
+        prometheus=health.state,
         error_since=listing.observe(error is not None, time.time()),
     )
 
@@ -220,6 +222,13 @@ class CycleClock:
         self._touched.clear()
         for sleeper in woken:
             self._wake(sleeper)
+
+    def restate(self, prometheus: PrometheusState) -> None:
+        """The latest cycle, as it reads with what is now known of Prometheus: a replica that
+        takes over learns its predecessor's outages after the cycle was read, and the turns it
+        then gives every workload at once are on that cycle (startup.Runtime.took_over)."""
+        if self._latest is not None:
+            self._latest = replace(self._latest, prometheus=prometheus)
 
     def touch(self, key: Hashable) -> None:
         """The workload that follows with `key` changed (an event of its object came): the

@@ -81,8 +81,16 @@ class Runtime:
         if workload is not None:
             workload.activator_pushed(annotations)
 
-    def took_over(self) -> None:
-        """Every workload decides at once: their turns since kopf started them were held."""
+    def took_over(self, health: PrometheusHealth, predecessor: LeaseRecord | None) -> None:
+        """Every workload decides at once (their turns since kopf started them were held),
+        knowing the outages of Prometheus the predecessor saw. The latest cycle, read before,
+        is restated with them: on the cycle as read, a loss the predecessor wrote quietly in
+        an outage this replica did not see was taken for the workload's own, and its end
+        posted MetricsRecovered (the soak, seed 38: bench/README.md)."""
+        if predecessor is not None and predecessor.prometheus_outages:
+            holder = predecessor.holder or "that freed the Lease"  # a release keeps them
+            health.inherit(predecessor.prometheus_outages, holder)
+            self.clock.restate(health.state)
         for workload in self.workloads.values():
             workload.nudge()
 
@@ -109,19 +117,13 @@ def lead(
     runtime.clock.in_charge = lambda: charge.held(time.monotonic())
     peering = PeeringView(client, config.peering, config.peering_namespace, priority)
 
-    def took_over(predecessor: LeaseRecord | None) -> None:
-        if predecessor is not None and predecessor.prometheus_outages:
-            holder = predecessor.holder or "that freed the Lease"  # a release keeps them
-            health.inherit(predecessor.prometheus_outages, holder)
-        runtime.took_over()
-
     namespace, name = config.lease
     return keep_charge(
         charge,
         KubeLease(client, namespace, name),
         peering.leads,
         lambda: health.state.spans(),
-        took_over,
+        lambda predecessor: runtime.took_over(health, predecessor),
     )
 
 

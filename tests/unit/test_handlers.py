@@ -13,7 +13,7 @@ from typing import Any, cast
 import kopf
 import pytest
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
-from gpusizer.clock import Cycle, CycleClock
+from gpusizer.clock import CycleClock
 from gpusizer.handlers import DECISION_GRACE_SECONDS, register, stopped_or_gone
 from gpusizer.memory import Memory
 from gpusizer.settings import OperatorSettings, PrometheusSettings
@@ -26,7 +26,7 @@ from kopf._core.engines import indexing
 from kopf._core.intents.handlers import DaemonHandler, TimerHandler
 from kopf._core.reactor import inventory, processing
 
-from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, services
+from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, services
 
 
 def registered(sync_period_seconds: float = 15, partitioning: bool = True) -> kopf.OperatorRegistry:
@@ -271,10 +271,6 @@ async def test_a_workload_carries_no_finalizer_and_its_deletion_ends_its_turns(
 
     await event("DELETED", old)
     await asyncio.wait_for(task, timeout=10)  # its turns ended with the object
-
-
-async def never_fetched() -> Cycle:
-    raise AssertionError("no cycle is fetched here")
 
 
 async def test_departures_end_the_right_daemon() -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from gpusizer.api.v1alpha1 import Server
-from gpusizer.clock import Cycle
+from gpusizer.charge import LeaseRecord
+from gpusizer.clock import Cycle, CycleClock, FailingSince, fetch_cycle
 from gpusizer.cluster import ClusterView
 from gpusizer.memory import Memory
 from gpusizer.reconcile import Services, reconcile
@@ -28,11 +30,13 @@ from gpusizer.signals.health import (
 )
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.queries import GPU_UTIL, request_rate_signal
+from gpusizer.signals.reader import SnapshotReader
 from gpusizer.signals.snapshot import Snapshot
+from gpusizer.startup import Runtime
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import Reason
 
-from tests.fakes import FakeMetrics, FakeTargets, services, workload
+from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, services, workload
 from tests.unit.test_reconcile import DOWN, NOW, NS, pod, snapshot, spec, target
 
 SYNC = 5.0
@@ -88,14 +92,22 @@ class Fleet:
     ) -> None:
         """One full read, its samples `age` seconds old if given, then every workload's turn
         on it unless not `decide` (this replica not in charge: it reads, and writes nothing)."""
-        pods = [p for ps in self.pods.values() for p in ps]
-        read = at(snapshot(70.0 if prometheus_up else None, pods), now)
+        read = self.read(now, prometheus_up)
         if age is not None:
             read = aged(read, age)
         cycle = Cycle(
             read, autoscalers={}, workloads=self.size, prometheus=self.health.observe(read)
         )
-        for name in self.names if decide else ():
+        if decide:
+            await self.decide(cycle, now)
+
+    def read(self, now: float, prometheus_up: bool) -> Snapshot:
+        pods = [p for ps in self.pods.values() for p in ps]
+        return at(snapshot(70.0 if prometheus_up else None, pods), now)
+
+    async def decide(self, cycle: Cycle, now: float) -> None:
+        """Every workload's turn on `cycle`, its status fed back from its patch."""
+        for name in self.names:
             obj = workload(
                 {**self.spec, "targetRef": {"name": name}},
                 self.statuses.get(name, {}),
@@ -552,6 +564,66 @@ async def test_a_successor_taking_over_before_an_outage_end_was_followed_ends_it
     await fleet.run(end + 2 * SYNC, 60, down=[])
     assert all(transitions(fleet, n, start) == ["False", "True"] for n in fleet.names)
     assert [e for e in fleet.events if e[0] >= start] == []
+
+
+@pytest.mark.parametrize("restated", [True, False])
+async def test_the_first_turns_after_taking_over_know_the_predecessors_outage(
+    restated: bool,
+) -> None:
+    """Seed 38's 13 MetricsRecovered: the replica in charge wrote its workloads' losses
+    quietly, an outage it saw having lasted the grace, and was killed while it went on. The
+    standby had seen an outage of its own end a moment before those losses. Taking over, it
+    decided every workload at once on the cycle it had read before learning its predecessor's
+    outages from the Lease (`Runtime.took_over`): on that cycle, the losses were not an
+    outage's, and each came back with an Event."""
+    fleet = Fleet(size=10)
+    await fleet.run(NOW, 60, down=[])
+    start = NOW + 60
+    await fleet.run(
+        start, DAMPING.grace_seconds + DAMPING.spread_seconds + SYNC, down=[(start, start + 999)]
+    )
+    assert all(transitions(fleet, n, start) == ["False"] for n in fleet.names)
+    losses = min(t for t, _, status in fleet.metrics_flips(start) if status == "False")
+    handed = LeaseRecord("replica-a", "", prometheus_outages=fleet.health.state.spans())
+    standby = PrometheusHealth()  # the successor's own view: an outage over before the losses
+    standby.observe(fleet.read(start + SYNC, prometheus_up=False))
+    standby.observe(fleet.read(losses - 1, prometheus_up=True))
+    fleet.memory, fleet.health = Memory(), standby
+    taking_over = losses + 60
+    read = fleet.read(taking_over, prometheus_up=True)
+    clock = CycleClock(never_fetched, period_seconds=3600)
+    clock.publish(
+        Cycle(read, autoscalers={}, workloads=fleet.size, prometheus=standby.observe(read))
+    )
+    if restated:
+        runtime = Runtime(
+            fleet.services, fleet.memory, FakeStatus(), clock, ThreadPoolExecutor(max_workers=1)
+        )
+        runtime.took_over(standby, handed)
+    assert clock._latest is not None
+    await fleet.decide(clock._latest, taking_over)
+    if restated:
+        assert [e for e in fleet.events if e[0] >= start] == []
+    else:
+        assert Counter(e[2] for e in fleet.events if e[0] >= start) == {
+            "MetricsRecovered": fleet.size
+        }
+
+
+async def test_a_cycle_read_while_this_replica_took_over_carries_its_predecessors_outage() -> None:
+    """The Lease can change hands between a read and its cycle's publication (while the list
+    of other autoscalers is awaited): the cycle says what is known when it is handed out."""
+    health = PrometheusHealth()
+
+    async def taking_over_meanwhile() -> dict[Any, str]:
+        health.inherit(((NOW - 300, None),), "replica-a")
+        return {}
+
+    cycle = await fetch_cycle(
+        SnapshotReader(FakeMetrics(), Server, 0), health, taking_over_meanwhile, FailingSince()
+    )
+    down = cycle.prometheus.down
+    assert down is not None and down.since == NOW - 300
 
 
 @pytest.mark.parametrize("came_back", [True, False])
