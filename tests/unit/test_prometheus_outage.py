@@ -549,6 +549,29 @@ def test_an_ended_outage_inherited_stays_ended_beside_one_going_on() -> None:
     assert fresh.state.spans() == handed
 
 
+async def test_samples_gone_stale_after_an_outage_the_statuses_showed_are_its_tail() -> None:
+    """Seed 39's 119 MetricsUnavailable Events: an outage long enough for every status to show
+    it, then Prometheus killed; restarted, it answered with samples scraped during the outage
+    (so the outage ended) but past maxSampleAgeSeconds. Each loss the outage had written gave
+    way to StaleSamples, a new reason, with an Event. Within SETTLE_SECONDS of the end the
+    outage's loss stands; a failure that lasts longer is the workload's own and said."""
+    fleet = Fleet(size=5, spec=spec(metrics={"maxSampleAgeSeconds": 30}))
+    await fleet.run(NOW, 60, down=[])
+    start = NOW + 60
+    shown = start + DAMPING.grace_seconds + DAMPING.spread_seconds + SYNC
+    await fleet.run(start, shown - start, down=[(start, shown)])
+    assert all(transitions(fleet, n, start) == ["False"] for n in fleet.names)
+    back = shown + 10
+    for t in range(0, 20, int(SYNC)):  # scraped after the outage began, 35 s before `back`
+        await fleet.period(back + t, prometheus_up=True, age=35 + t)
+    outage = fleet.health.state.outage
+    assert outage is not None and outage.until == back
+    assert [e for e in fleet.events if e[0] >= start] == []
+    for t in range(20, int(SETTLE_SECONDS) + 20, int(SYNC)):  # stale for longer: its own
+        await fleet.period(back + t, prometheus_up=True, age=35 + t)
+    assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}
+
+
 async def test_a_successor_taking_over_before_an_outage_end_was_followed_ends_it_quietly() -> None:
     """The replica in charge through a long outage is killed as it ends, before the statuses
     followed; its successor started since. Knowing the outage from the Lease, it brings the

@@ -160,12 +160,14 @@ class Report:
                 return state
         elif (
             state.status is False
-            and old.status is not False
+            and (old.status is not False or lost_to_outage)
             and self._now < outage.until + SETTLE_SECONDS
         ):
             # a Prometheus just back is still catching up: a restarted one answers with the
             # samples it had, stale by now, until it has scraped again (the soak, seed 28: 166
-            # StaleSamples Events); a failure that outlasts this is the workload's own
+            # StaleSamples Events), whether the status shows the metrics known or the outage's
+            # loss (seed 39: 119, the loss's reason giving way to StaleSamples); a failure that
+            # outlasts this is the workload's own
             return old
         elif not (state.status is True and old.status is False and lost_to_outage):
             return state  # known all along, or unknown for a reason of its own: said as usual
