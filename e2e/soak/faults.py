@@ -193,6 +193,11 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     fault.detail = signal.Signals(sig).name
     pid = _component_pid(stage, "kube-apiserver")
     etcd = _etcd_url(pid)
+    # the restarted server's watch cache starts at etcd's revision of then, which must be
+    # past `before`: its pods were cached 0.23 s after a SIGKILL (seed 41's log), before the
+    # compaction below, and with no write in between a watch from `before` resumed and met
+    # no event where 410 was due (seed 39, 2026-11-27)
+    _advance(etcd)
     (stage.cluster.state_dir / "restart" / "kube-apiserver").write_text("soak\n")
     os.kill(pid, sig)
     if sig == signal.SIGKILL:
@@ -216,14 +221,19 @@ def _etcd_url(apiserver_pid: int) -> str:
     raise LookupError("kube-apiserver has no --etcd-servers")
 
 
-def _compact(etcd: str) -> int:
-    """Moves etcd's revision on (as the other API servers of a real cluster do while one
-    restarts: with none, the revision a watch resumes from is still the newest) and compacts
-    its history up to it, through etcd's v3 JSON gateway; returns the revision."""
+def _advance(etcd: str) -> int:
+    """Moves etcd's revision on, as the other API servers of a real cluster do while one
+    restarts (with none, the revision a watch resumes from is still the newest), through
+    etcd's v3 JSON gateway; returns the new revision."""
     key = base64.b64encode(b"/soak/compaction").decode()
     put = requests.post(f"{etcd}/v3/kv/put", json={"key": key, "value": key}, timeout=10)
     put.raise_for_status()
-    revision = int(put.json()["header"]["revision"])
+    return int(put.json()["header"]["revision"])
+
+
+def _compact(etcd: str) -> int:
+    """Compacts etcd's history up to a revision past every watch of before; returns it."""
+    revision = _advance(etcd)
     requests.post(
         f"{etcd}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30
     ).raise_for_status()
