@@ -629,9 +629,7 @@ def build_report(
     warmed = t0 + max(warm, min(600.0, (faults_until - t0) * 0.2))
     growth = report.growth(samples, warmed, end)
     restarts = [f for f in faults if f.kind == "apiserver-restart"]
-    relisted = [
-        {r for t, r in checker.lists if t > (f.end or f.start) - 1} >= WATCHED for f in restarts
-    ]
+    relisted = report.relisted(restarts, checker.lists, WATCHED)
 
     decisions = _decisions(samples)
     checks: dict[str, dict[str, Any]] = {

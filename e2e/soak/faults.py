@@ -199,6 +199,7 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     # no event where 410 was due (seed 39, 2026-11-27)
     _advance(etcd)
     (stage.cluster.state_dir / "restart" / "kube-apiserver").write_text("soak\n")
+    fault.facts["killed"] = time.time()  # the old process answers no list from here on
     os.kill(pid, sig)
     if sig == signal.SIGKILL:
         stage.checker.audit_may_have_lost(time.time())

@@ -14,6 +14,7 @@ from e2e.soak.report import (
     outages,
     per_fault_counts,
     recovery,
+    relisted,
 )
 
 T = 1_800_000_000.0
@@ -207,3 +208,20 @@ def test_a_reshape_rolled_back_is_the_loads_not_the_faults() -> None:
         [Injected("prometheus-500", T, end=T + 20)], checker, 30, {"status_patches_max": 0}, 4, 100
     )
     assert (rows[0]["events"], rows[0]["load_events"]) == (1, 5)
+
+
+WATCHED = {"pods", "workloadsizings"}
+
+
+def test_a_relist_counts_from_the_old_api_servers_signal() -> None:
+    """Seed 39's last restart: the operator listed again as soon as the new server
+    answered, while the harness still probed it, so before the fault's end."""
+    restart = Injected("apiserver-restart", T, end=T + 62, facts={"killed": T + 0.1})
+    lists = [(T + 55.9, "pods"), (T + 56.9, "workloadsizings")]
+    assert relisted([restart], lists, WATCHED) == [True]
+
+
+def test_lists_the_old_api_server_answered_are_not_a_relist() -> None:
+    restart = Injected("apiserver-restart", T + 10, end=T + 72, facts={"killed": T + 10.1})
+    lists = [(T + 5, "pods"), (T + 5, "workloadsizings"), (T + 66, "pods")]
+    assert relisted([restart], lists, WATCHED) == [False]
