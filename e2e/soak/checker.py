@@ -143,7 +143,8 @@ class Checker:
             if action.succeeded and action.verb in ("patch", "update"):
                 self.status_patches.append((action.time, action.name))
         elif action.verb == "list":
-            self.lists.append((action.time, action.resource))
+            if action.succeeded:  # a list refused by a server shutting down relists nothing
+                self.lists.append((action.time, action.resource))
         elif action.resource in ("deployments", "statefulsets") and action.verb in (
             "update",
             "patch",

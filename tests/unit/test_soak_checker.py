@@ -142,6 +142,13 @@ def test_conflicts_and_failures_change_nothing_and_are_counted() -> None:
     assert c.wrong == [] and c.conflicts == 1 and c.failed_writes == 1 and c.replicas["w"] == 3
 
 
+def test_only_a_list_answered_counts_as_listed_again() -> None:
+    c = checker()
+    c.observe(Action(T, "list", "pods", "", "", "", 200))
+    c.observe(Action(T + 1, "list", "nodes", "", "", "", 429))
+    assert c.lists == [(T, "pods")]
+
+
 def test_a_reshape_started_while_one_is_in_flight_is_wrong() -> None:
     c = checker()
     c.observe(reshape("w", "InProgress", "t1", T))
