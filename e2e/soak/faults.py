@@ -199,7 +199,7 @@ def _apiserver_restart(stage: Stage, rng: random.Random, fault: Injected) -> Non
     # no event where 410 was due (seed 39, 2026-11-27)
     _advance(etcd)
     (stage.cluster.state_dir / "restart" / "kube-apiserver").write_text("soak\n")
-    fault.facts["killed"] = time.time()  # the old process answers no list from here on
+    fault.facts["killed"] = time.time()  # the old process takes no new request from here on
     os.kill(pid, sig)
     if sig == signal.SIGKILL:
         stage.checker.audit_may_have_lost(time.time())
@@ -233,7 +233,8 @@ def _advance(etcd: str) -> int:
 
 
 def _compact(etcd: str) -> int:
-    """Compacts etcd's history up to a revision past every watch of before; returns it."""
+    """Compacts etcd's history up to a new revision, so that no watch resumes from before
+    it; returns the revision."""
     revision = _advance(etcd)
     requests.post(
         f"{etcd}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30

@@ -299,8 +299,8 @@ def relisted(
     restarts: Sequence[Injected], lists: Sequence[tuple[float, str]], watched: set[str]
 ) -> list[bool]:
     """Per API server restart, whether every watched kind was listed again: answered after
-    the old process was signalled (it then serves only the watches it holds; the new one
-    answers within a second of a SIGKILL). Counting from the fault's end missed a relist made
+    the old process was signalled (it then takes no new request; the new one answers within
+    a second of a SIGKILL). Counting from the fault's end missed a relist made
     while the harness still probed the new server (the seed-39 soak)."""
     return [
         {r for t, r in lists if t > f.facts.get("killed", f.start)} >= watched for f in restarts
