@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hostinfo import machine
+from scale import rss_mib
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -52,10 +53,9 @@ from e2e.tests.operator_support import Operator  # noqa: E402
 FAKE_PEER = "bench-peering-churn"
 
 
-def rss_mib(op: Operator) -> float:
+def rss_now(op: Operator) -> float:
     assert op.process is not None
-    status = Path(f"/proc/{op.process.pid}/status").read_text()
-    return next(int(x.split()[1]) / 1024 for x in status.splitlines() if x.startswith("VmRSS:"))
+    return rss_mib(op.process.pid, "VmRSS")
 
 
 def set_peer(custom: k8s.CustomObjectsApi, present: bool) -> None:
@@ -108,18 +108,18 @@ def main() -> int:
             wait_until(
                 lambda: decided(custom) >= len(workloads), 300, interval=5, what="every decided"
             )
-            say(phase="decided", rss_mib=rss_mib(op), log=str(op.logs[-1]))
+            say(phase="decided", rss_mib=rss_now(op), log=str(op.logs[-1]))
             time.sleep(60)
-            say(phase="warm", rss_mib=rss_mib(op))
+            say(phase="warm", rss_mib=rss_now(op))
             for cycle in range(args.cycles):
                 if not args.no_pause:
                     set_peer(custom, present=True)
                 time.sleep(args.paused)
-                say(phase="paused", cycle=cycle, rss_mib=rss_mib(op))
+                say(phase="paused", cycle=cycle, rss_mib=rss_now(op))
                 if not args.no_pause:
                     set_peer(custom, present=False)
                 time.sleep(args.resumed)
-                say(phase="resumed", cycle=cycle, rss_mib=rss_mib(op))
+                say(phase="resumed", cycle=cycle, rss_mib=rss_now(op))
         finally:
             op.stop()
         text = op.logs[-1].read_text(errors="replace")
