@@ -129,7 +129,7 @@ def at_next_scrape(cluster: Cluster, workloads: Workloads) -> dict[str, float]:
     """The emulator's count once Prometheus has scraped the operator's counters again: the
     ledger ends at their last sample, and a workload that holds three GPUs at the end of the
     story would read a few GPU-seconds short against a count taken up to two seconds later."""
-    query = f'min(max by (name) (timestamp({HELD_GPU_SECONDS}_total{{namespace="{NAMESPACE}"}})))'
+    query = f'max by (name) (timestamp({HELD_GPU_SECONDS}_total{{namespace="{NAMESPACE}"}}))'
 
     def sampled() -> float:
         return min((float(s["value"][1]) for s in cluster.promql(query)), default=0.0)
