@@ -508,7 +508,20 @@ def measure(
     }
     if profile is not None:
         result["profile"] = str(profile)
+    if args.census:
+        result["census"] = take_census(pid, Path(args.census), size)
     return result
+
+
+def take_census(pid: int, path: Path, size: int) -> str:
+    """Asks the operator for its heap census (bench/heap_census), once the window's figures
+    are taken: the file it wrote, renamed to name the size."""
+    path.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR2)
+    wait_for(path.exists, timeout=600, what=f"the heap census in {path}", interval=2)
+    named = path.with_name(f"{path.stem}.{size}{path.suffix}")
+    path.rename(named)
+    return str(named)
 
 
 def nodepools_for(largest: int, gpus_wanted: int, sample: int, workdir: Path) -> Path:
@@ -580,6 +593,12 @@ def main() -> int:
         help="import gpusizer from this directory (e.g. a worktree's operator/) to compare",
     )
     p.add_argument("--profile", help="py-spy raw profile of each window to FILE.<size>.txt")
+    p.add_argument(
+        "--census",
+        help="after each window, the operator's live objects by owner and by type, to FILE "
+        "(.json: FILE's stem.<size>.json) "
+        "(bench/heap_census: a walk of every object, which holds the operator for seconds)",
+    )
     args = p.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
 
@@ -609,8 +628,12 @@ def main() -> int:
         install_manifests(cluster)
         cluster.kubectl("create", "namespace", NAMESPACE, check=False)
         os.environ["GPUSIZER_LOG_LEVEL"] = args.log_level
-        if args.operator_path:
-            os.environ["PYTHONPATH"] = str(Path(args.operator_path).resolve())
+        paths = [str(Path(args.operator_path).resolve())] if args.operator_path else []
+        if args.census:
+            paths.append(str(REPO / "bench" / "heap_census"))
+            os.environ["GPUSIZER_HEAP_CENSUS"] = str(Path(args.census).resolve())
+        if paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         # scraped by Prometheus as the chart's ServiceMonitor does (the exposition is work)
         op = Operator(
             cluster,
