@@ -510,6 +510,7 @@ def measure(
         result["profile"] = str(profile)
     if args.census:
         result["census"] = take_census(pid, Path(args.census), size)
+        result["census_rss_mib"] = round(rss_mib(pid, "VmRSS"), 1)  # the walk's own included
     return result
 
 

@@ -64,33 +64,28 @@ def census() -> dict[str, Any]:
     gc.collect()
     objects = gc.get_objects()
     by_type: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    roots: dict[str, list[object]] = {owner: [] for owner in OWNERS}
     for obj in objects:
-        entry = by_type[type(obj).__qualname__]
+        name = type(obj).__qualname__
+        entry = by_type[name]
         entry[0] += 1
         entry[1] += sys.getsizeof(obj)
+        if name in roots:
+            roots[name].append(obj)
     seen: set[int] = set()
     reach = {}
-    for owner in OWNERS:
-        roots = [o for o in objects if type(o).__qualname__ == owner]
-        size, count = deep_size(roots, seen)
-        reach[owner] = {"instances": len(roots), "mib": round(size / 2**20, 1), "objects": count}
+    for owner, owned in roots.items():
+        size, count = deep_size(owned, seen)
+        reach[owner] = {"instances": len(owned), "mib": round(size / 2**20, 1), "objects": count}
     rest, rest_count = deep_size(objects, seen)
     reach["everything else tracked"] = {"mib": round(rest / 2**20, 1), "objects": rest_count}
     return {
-        "rss_mib": rss_mib(),
         "reach": reach,
         "tracked_by_type": {
             name: {"count": count, "shallow_mib": round(size / 2**20, 2)}
             for name, (count, size) in sorted(by_type.items(), key=lambda kv: -kv[1][1])[:TOP]
         },
     }
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
 
 
 def install(path: Path) -> None:
