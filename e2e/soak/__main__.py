@@ -57,7 +57,6 @@ DEMAND_WINDOW = 30.0  # the demand a scale-up is owed for: the mean over this lo
 MIG_SLICES = ["gpu-h100", "mig-1g.10gb", "mig-2g.20gb", "mig-3g.40gb"]
 # one in ten of each: what the operator must act on, and what it must leave alone
 KINDS = ("auto", "auto", "auto", "auto", "auto", "zero", "reshape", "recommend", "paused", "hpa")
-GROWTH_JUDGED_AFTER = 20 * 60.0  # memory and CPU growth: ten minutes of warm-up, ten fitted
 QUIET_SLOT_SECONDS = 30.0  # a quiet run's Events and status patches are counted in slots this long
 SETTLE_SECONDS = 60.0  # after the last fault: wrong actions coming late
 # and until every fault has recovered, at most this long: the operator knows metrics again 1-4
@@ -656,8 +655,10 @@ def build_report(
             "per workload acted on after an outage of Prometheus longer than "
             f"{OUTAGE_GRACE_SECONDS:g}s (report.per_fault_counts)",
         },
-        "RSS no growth beyond 10 %": _growth_check(growth["rss_mib"], faults_until - t0),
-        "CPU no growth beyond 10 %": _growth_check(growth["cpu_cores"], faults_until - t0),
+        "RSS no growth beyond 10 %": report.judge_growth(growth["rss_mib"], faults_until - t0),
+        "CPU no growth beyond 10 %": report.judge_growth(
+            growth["cpu_cores"], faults_until - t0, beyond_error=bool(args.fault_every)
+        ),
         "watches met 410 after each API server restart": {
             "ok": all(str(f.facts.get("watch_from_before", "")).endswith("410") for f in restarts),
             "detail": [f.facts.get("watch_from_before") for f in restarts],
@@ -713,19 +714,6 @@ def build_report(
             if s.active
         ],
     }
-
-
-def _growth_check(figures: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """Where the line through the replica in charge ends against where it starts
-    (report.growth): judged on runs of 20 minutes or more (a shorter one is still warming up)."""
-    first, last = figures.get("first"), figures.get("last")
-    seen = f"{first} -> {last}"
-    if figures.get("growth_se_pct") is not None:
-        seen += f" ({figures['growth_pct']:+} % ± {figures['growth_se_pct']} %)"
-    if seconds < GROWTH_JUDGED_AFTER:
-        return {"ok": True, "judged": False, "detail": f"{seen}, not judged: < 20 min"}
-    ok = first is not None and last is not None and last <= 1.10 * first
-    return {"ok": ok, "judged": True, "detail": seen}
 
 
 def _decisions(samples: list[report.OperatorSample]) -> int:

@@ -295,6 +295,39 @@ def growth(
     }
 
 
+GROWTH_BOUND = 1.10  # where the line may end, against where it starts
+GROWTH_JUDGED_AFTER = 20 * 60.0  # ten minutes of warm-up, then at least ten fitted
+GROWTH_ERRORS = 2.0  # with faults, CPU growth is judged this many standard errors past the bound
+
+
+def judge_growth(
+    figures: Mapping[str, Any], seconds: float, *, beyond_error: bool = False
+) -> dict[str, Any]:
+    """Growth against GROWTH_BOUND, on runs of GROWTH_JUDGED_AFTER or more (a shorter one is
+    still warming up). `beyond_error` is for CPU in a run with faults: a leader killed every
+    five minutes joins a dozen processes into its line, and the faults scatter its minutes so
+    that an hour knows the growth to about 20 % (bench/README.md, "How far an hour resolves CPU
+    growth"), so it fails only growth the run resolves, past the bound by GROWTH_ERRORS of its
+    standard errors; a quiet run, one process for the hour, judges the bound itself."""
+    first, last = figures.get("first"), figures.get("last")
+    pct, error = figures.get("growth_pct"), figures.get("growth_se_pct")
+    seen = f"{first} -> {last}"
+    if error is not None:
+        seen += f" ({pct:+} % ± {error} %)"
+    if seconds < GROWTH_JUDGED_AFTER:
+        return {"ok": True, "judged": False, "detail": f"{seen}, not judged: < 20 min"}
+    if first is None or last is None:
+        return {"ok": False, "judged": True, "detail": f"{seen}: no line"}
+    if beyond_error and pct is not None and error is not None:
+        bound_pct = 100 * (GROWTH_BOUND - 1)
+        return {
+            "ok": pct - GROWTH_ERRORS * error <= bound_pct,
+            "judged": True,
+            "detail": f"{seen}, failed only past {bound_pct:g} % by {GROWTH_ERRORS:g} errors",
+        }
+    return {"ok": last <= GROWTH_BOUND * first, "judged": True, "detail": seen}
+
+
 def relisted(
     restarts: Sequence[Injected], lists: Sequence[tuple[float, str]], watched: set[str]
 ) -> list[bool]:

@@ -11,6 +11,7 @@ from e2e.soak.report import (
     OperatorSample,
     Recovered,
     growth,
+    judge_growth,
     outages,
     per_fault_counts,
     recovery,
@@ -225,3 +226,65 @@ def test_lists_the_old_api_server_answered_are_not_a_relist() -> None:
     restart = Injected("apiserver-restart", T + 10, end=T + 72, facts={"killed": T + 10.1})
     lists = [(T + 5, "pods"), (T + 5, "workloadsizings"), (T + 66, "pods")]
     assert relisted([restart], lists, WATCHED) == [False]
+
+
+def test_growth_is_not_judged_while_the_run_warms_up() -> None:
+    grown = {"first": 100.0, "last": 150.0, "growth_pct": 50.0, "growth_se_pct": 1.0}
+    assert judge_growth(grown, 19 * 60) == {
+        "ok": True,
+        "judged": False,
+        "detail": "100.0 -> 150.0 (+50.0 % ± 1.0 %), not judged: < 20 min",
+    }
+    assert not judge_growth(grown, 20 * 60)["ok"]
+
+
+def test_growth_is_judged_against_its_bound() -> None:
+    """A quiet run (one process for the hour) and RSS: the bound itself."""
+    assert judge_growth({"first": 100.0, "last": 110.0}, 3600)["ok"]
+    assert not judge_growth({"first": 100.0, "last": 110.5}, 3600)["ok"]
+    noisy = {"first": 0.1, "last": 0.112, "growth_pct": 12.0, "growth_se_pct": 22.0}
+    assert not judge_growth(noisy, 3600)["ok"]
+
+
+def test_growth_without_a_line_fails() -> None:
+    missing = judge_growth({"first": None, "last": None}, 3600, beyond_error=True)
+    assert missing == {"ok": False, "judged": True, "detail": "None -> None: no line"}
+
+
+def test_cpu_growth_with_faults_fails_only_what_the_run_resolves() -> None:
+    """Past the bound by two standard errors: seed 44's +12 % ± 22 % passes; growth the hour
+    knows to be beyond 10 % fails."""
+    seed_44 = {"first": 0.109, "last": 0.122, "growth_pct": 12.0, "growth_se_pct": 22.4}
+    assert judge_growth(seed_44, 3600, beyond_error=True)["ok"]
+    resolved = {"first": 0.1, "last": 0.16, "growth_pct": 60.0, "growth_se_pct": 20.0}
+    verdict = judge_growth(resolved, 3600, beyond_error=True)
+    assert not verdict["ok"]
+    assert verdict["detail"] == "0.1 -> 0.16 (+60.0 % ± 20.0 %), failed only past 10 % by 2 errors"
+    at_the_edge = {"first": 0.1, "last": 0.15, "growth_pct": 50.0, "growth_se_pct": 20.0}
+    assert judge_growth(at_the_edge, 3600, beyond_error=True)["ok"]
+
+
+def test_cpu_growth_with_faults_and_no_error_meets_the_bound_itself() -> None:
+    few_bins = {"first": 0.1, "last": 0.12, "growth_pct": 20.0, "growth_se_pct": None}
+    assert not judge_growth(few_bins, 3600, beyond_error=True)["ok"]
+
+
+def test_a_flat_noisy_operator_passes_and_a_doubling_one_fails_with_faults() -> None:
+    """The power of the check, on the 40 % scatter of a run with faults: a flat operator fails
+    it in about one run in fifty, one whose CPU doubles in the hour in about two in three. It
+    catches a gross leak only: the quiet run carries the 10 % bound."""
+    rng = random.Random(11)
+    flat = [
+        judge_growth(
+            growth(noisy_leader(rng, 0.0), T + 600, T + 3600)["cpu_cores"], 3000, beyond_error=True
+        )
+        for _ in range(200)
+    ]
+    assert sum(not v["ok"] for v in flat) <= 10
+    doubled = [
+        judge_growth(
+            growth(noisy_leader(rng, 1.0), T + 600, T + 3600)["cpu_cores"], 3000, beyond_error=True
+        )
+        for _ in range(50)
+    ]
+    assert sum(not v["ok"] for v in doubled) >= 25
