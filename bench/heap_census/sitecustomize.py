@@ -3,11 +3,12 @@ are, so a figure of RSS can be taken apart.
 
 Python imports this module at start-up when its directory is on PYTHONPATH. With
 GPUSIZER_HEAP_CENSUS set, SIGUSR2 writes the file it names: every object the collector tracks,
-counted and sized by type, and the objects reachable from a few kinds of owner (kopf's
-per-object memories, the operator's workloads, asyncio tasks...), each owner's reach excluding
-what an earlier one reached. No allocation is traced: tracemalloc from the start kept the
-operator from deciding 1,000 workloads within minutes. The walk holds the event loop for the
-seconds it takes.
+counted and sized by type; the objects reachable from a few kinds of owner (kopf's indexes,
+its per-object memories by kind of object, the operator's runtime, the WorkloadSizings'
+daemons, asyncio tasks), each owner's reach excluding what an earlier one reached; and which
+types hold the sets and dicts. No allocation is traced: tracemalloc from the start kept
+the operator from deciding 1,000 workloads within minutes. The walk holds the event loop for
+the seconds it takes.
 """
 
 from __future__ import annotations
@@ -26,17 +27,8 @@ from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 TOP = 60
-# owners, in the order their reach is counted: a later owner's reach leaves out what an
-# earlier one reached
-OWNERS = (
-    "ResourceMemory",  # kopf: one per watched object (pods, nodes, Deployments, ...)
-    "Workload",  # the operator: one per WorkloadSizing
-    "Task",  # asyncio: kopf's daemons and workers, the operator's tasks
-    "Index",  # kopf's indexes
-    "WorkloadCollector",  # the per-workload series
-    "Memory",  # the operator's remembered state
-)
-
+# containers whose holders are counted: which objects hold the sets and dicts
+HELD = (set, dict)
 
 # not walked through: what every owner reaches (kopf copies the operator's memo, and with it
 # the whole runtime, into every object's memory; a function reaches its module's globals)
@@ -44,9 +36,9 @@ SHARED = (ModuleType, type, FunctionType, MethodType, logging.Logger, asyncio.Ab
 SHARED_NAMES = {"Memo", "AnyMemo", "Runtime", "OperatorSettings", "OperatorRegistry"}
 
 
-def deep_size(roots: Iterable[object], seen: set[int]) -> tuple[int, int]:
+def deep_size(roots: Iterable[object], seen: set[int], fenced: set[int]) -> tuple[int, int]:
     """Bytes and objects reachable from `roots` not in `seen` (which grows), not through
-    SHARED objects."""
+    SHARED objects nor through the `fenced` ones (other owners' roots)."""
     size = count = 0
     stack = list(roots)
     while stack:
@@ -56,31 +48,98 @@ def deep_size(roots: Iterable[object], seen: set[int]) -> tuple[int, int]:
         seen.add(id(obj))
         size += sys.getsizeof(obj)
         count += 1
-        stack.extend(gc.get_referents(obj))
+        stack.extend(ref for ref in gc.get_referents(obj) if id(ref) not in fenced)
     return size, count
+
+
+def owners(objects: list[object]) -> dict[str, list[object]]:
+    """The roots to walk, each owner's walk fenced off from the others' roots: each kopf index
+    by its handler id; kopf's per-object memories by the kind of object (a memory's uid looked
+    up in the indexes: every pod, GPU Deployment and GPU node is in one; a WorkloadSizing's
+    memory runs its daemon); each field of the operator's runtime; the WorkloadSizings'
+    daemons with their tasks (what each turn's coroutine holds between turns); every other
+    asyncio task. A future reaches the task that awaits it, and a daemon's coroutine reaches
+    the clock and the memory: without the fences the first owner walked took them all."""
+    by_name: dict[str, list[object]] = collections.defaultdict(list)
+    for obj in objects:
+        by_name[type(obj).__qualname__].append(obj)
+    indexes: dict[str, object] = {}
+    kind_of: dict[str, str] = {}
+    for indexers in by_name["OperatorIndexers"]:
+        for handler_id, indexer in indexers.items():
+            indexes[f"index {handler_id}"] = indexer.index
+            for key in indexer.index._Index__reverse:
+                kind_of.setdefault(key[2], f"memories of {handler_id} objects")
+    roots: dict[str, list[object]] = {name: [index] for name, index in indexes.items()}
+    daemons: list[object] = []
+    memories: dict[str, list[object]] = collections.defaultdict(list)
+    for container in by_name["ResourceMemories"]:
+        for uid, memory in container._items.items():
+            running = memory.daemons_memory.running_daemons
+            for daemon in running.values():
+                daemons.extend((daemon, daemon.task))
+            kind = "memories of WorkloadSizings" if running else kind_of.get(uid, "memories, other")
+            memories[kind].append(memory)
+    for kind in sorted(k for k in memories if "WorkloadSizings" not in k):
+        roots[kind] = memories[kind]
+    for runtime in by_name["Runtime"]:
+        for name, value in vars(runtime).items():
+            roots.setdefault(f"runtime.{name}", []).append(value)
+    roots["daemons of WorkloadSizings"] = daemons
+    roots["memories of WorkloadSizings"] = memories["memories of WorkloadSizings"]
+    owned = {id(obj) for objs in roots.values() for obj in objs}
+    roots["tasks, other"] = [task for task in by_name["Task"] if id(task) not in owned]
+    return roots
+
+
+def holders(objects: list[object]) -> dict[str, dict[str, Any]]:
+    """Per HELD type, which types hold its instances (an instance's `__dict__` counted as the
+    instance's type), with count and shallow size: where the sets and dicts come from."""
+    owner_of_dict: dict[int, str] = {}
+    for obj in objects:
+        if not isinstance(obj, dict):
+            for ref in gc.get_referents(obj):
+                if type(ref) is dict:
+                    owner_of_dict[id(ref)] = type(obj).__qualname__
+    counted: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
+    done: set[int] = set()
+    for obj in objects:
+        holder = owner_of_dict.get(id(obj), "dict") if type(obj) is dict else type(obj).__qualname__
+        for ref in gc.get_referents(obj):
+            if type(ref) in HELD and id(ref) not in done:
+                done.add(id(ref))
+                entry = counted[(type(ref).__qualname__, holder)]
+                entry[0] += 1
+                entry[1] += sys.getsizeof(ref)
+    result: dict[str, dict[str, Any]] = {}
+    for (held, holder), (count, size) in sorted(counted.items(), key=lambda kv: -kv[1][1]):
+        if len(result.setdefault(held, {})) < TOP // 3:
+            result[held][holder] = {"count": count, "shallow_mib": round(size / 2**20, 2)}
+    return result
 
 
 def census() -> dict[str, Any]:
     gc.collect()
     objects = gc.get_objects()
     by_type: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    roots: dict[str, list[object]] = {owner: [] for owner in OWNERS}
     for obj in objects:
-        name = type(obj).__qualname__
-        entry = by_type[name]
+        entry = by_type[type(obj).__qualname__]
         entry[0] += 1
         entry[1] += sys.getsizeof(obj)
-        if name in roots:
-            roots[name].append(obj)
     seen: set[int] = set()
     reach = {}
+    roots = owners(objects)
+    # every task is fenced: a future's callbacks reach the task awaiting it
+    fences = {id(obj) for objs in roots.values() for obj in objs}
+    fences.update(id(obj) for obj in objects if isinstance(obj, asyncio.Task))
     for owner, owned in roots.items():
-        size, count = deep_size(owned, seen)
+        size, count = deep_size(owned, seen, fences - {id(obj) for obj in owned})
         reach[owner] = {"instances": len(owned), "mib": round(size / 2**20, 1), "objects": count}
-    rest, rest_count = deep_size(objects, seen)
+    rest, rest_count = deep_size(objects, seen, set())
     reach["everything else tracked"] = {"mib": round(rest / 2**20, 1), "objects": rest_count}
     return {
         "reach": reach,
+        "held_by": holders(objects),
         "tracked_by_type": {
             name: {"count": count, "shallow_mib": round(size / 2**20, 2)}
             for name, (count, size) in sorted(by_type.items(), key=lambda kv: -kv[1][1])[:TOP]
