@@ -56,10 +56,11 @@ def owners(objects: list[object]) -> dict[str, list[object]]:
     """The roots to walk, each owner's walk fenced off from the others' roots: each kopf index
     by its handler id; kopf's per-object memories by the kind of object (a memory's uid looked
     up in the indexes: every pod, GPU Deployment and GPU node is in one; a WorkloadSizing's
-    memory runs its daemon); each field of the operator's runtime; the WorkloadSizings'
-    daemons with their tasks (what each turn's coroutine holds between turns); every other
-    asyncio task. A future reaches the task that awaits it, and a daemon's coroutine reaches
-    the clock and the memory: without the fences the first owner walked took them all."""
+    memory runs its daemon); each field of the operator's runtime, one level down; the
+    WorkloadSizings' daemons with their tasks (what each turn's coroutine holds between
+    turns); every other asyncio task. A future reaches the task that awaits it, and a daemon's
+    coroutine reaches the clock and the memory: without the fences the first owner walked took
+    them all."""
     by_name: dict[str, list[object]] = collections.defaultdict(list)
     for obj in objects:
         by_name[type(obj).__qualname__].append(obj)
@@ -84,7 +85,11 @@ def owners(objects: list[object]) -> dict[str, list[object]]:
         roots[kind] = memories[kind]
     for runtime in by_name["Runtime"]:
         for name, value in vars(runtime).items():
-            roots.setdefault(f"runtime.{name}", []).append(value)
+            # one level down where there is one: the clock's latest cycle apart from its
+            # sleepers, the memory's specs apart from its histories
+            parts = vars(value).items() if hasattr(value, "__dict__") else [("", value)]
+            for part, held in parts:
+                roots.setdefault(f"runtime.{name}{'.' if part else ''}{part}", []).append(held)
     roots["daemons of WorkloadSizings"] = daemons
     roots["memories of WorkloadSizings"] = memories["memories of WorkloadSizings"]
     owned = {id(obj) for objs in roots.values() for obj in objs}

@@ -26,7 +26,8 @@ class Runtime:
     """Named as the operator's: the census finds it by its name."""
 
     def __init__(self) -> None:
-        self.clock = ["the clock"]
+        self.clock = SimpleNamespace(latest=["a cycle"], sleepers={})
+        self.tasks = ["a task"]
 
 
 async def test_memories_are_split_by_the_kind_of_object_and_daemons_count_apart() -> None:
@@ -49,12 +50,15 @@ async def test_memories_are_split_by_the_kind_of_object_and_daemons_count_apart(
         "index pods",
         "memories of pods objects",
         "memories, other",
-        "runtime.clock",
+        "runtime.clock.latest",
+        "runtime.clock.sleepers",
+        "runtime.tasks",
         "daemons of WorkloadSizings",
         "memories of WorkloadSizings",
         "tasks, other",
     ]
-    assert roots["runtime.clock"] == [runtime.clock]
+    assert roots["runtime.clock.latest"] == [runtime.clock.latest]
+    assert roots["runtime.tasks"] == [runtime.tasks]
     assert roots["index pods"] == [indexers["pods"].index]
     assert roots["memories of pods objects"] == [pod]
     assert roots["memories, other"] == [other]
