@@ -38,7 +38,8 @@ SHARED_NAMES = {"Memo", "AnyMemo", "Runtime", "OperatorSettings", "OperatorRegis
 
 def deep_size(roots: Iterable[object], seen: set[int], fenced: set[int]) -> tuple[int, int]:
     """Bytes and objects reachable from `roots` not in `seen` (which grows), not through
-    SHARED objects nor through the `fenced` ones (other owners' roots)."""
+    SHARED objects nor through `fenced` ones (every owner's roots: `roots` themselves are
+    walked whatever the fence)."""
     size = count = 0
     stack = list(roots)
     while stack:
@@ -138,7 +139,7 @@ def census() -> dict[str, Any]:
     fences = {id(obj) for objs in roots.values() for obj in objs}
     fences.update(id(obj) for obj in objects if isinstance(obj, asyncio.Task))
     for owner, owned in roots.items():
-        size, count = deep_size(owned, seen, fences - {id(obj) for obj in owned})
+        size, count = deep_size(owned, seen, fences)
         reach[owner] = {"instances": len(owned), "mib": round(size / 2**20, 1), "objects": count}
     rest, rest_count = deep_size(objects, seen, set())
     reach["everything else tracked"] = {"mib": round(rest / 2**20, 1), "objects": rest_count}
