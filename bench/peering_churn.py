@@ -3,8 +3,8 @@
 The soak judges the RSS of whichever replica is in charge, and each replica there takes charge
 by a resume. This runs the soak's 200 workloads (`e2e/soak`, its cluster and peering) under one
 replica, then writes a live peer of higher priority into the ClusterKopfPeering and takes it
-out again, `--cycles` times: kopf pauses the replica (stopping every daemon and watch) and
-resumes it (relisting every watched kind and starting every daemon again). It prints the
+out again, `--cycles` times: kopf pauses the replica (stopping its watches and timers) and
+resumes it (relisting every watched kind). It prints the
 replica's RSS after each pause and each resume as JSON lines; `--no-pause` does the same waits
 without the peer, as the control.
 

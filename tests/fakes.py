@@ -3,6 +3,7 @@ every branch of a turn: each answers from a table the test fills and records wha
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -348,3 +349,11 @@ class FakeLease:
 async def never_fetched() -> Cycle:
     """A CycleClock's fetch where a test publishes its cycles itself."""
     raise AssertionError("no cycle is fetched here")
+
+
+async def steps_taken() -> None:
+    """Returns once every task created or woken before the call has taken its next step: a
+    point in the loop's order (a callback queued after theirs), not a wait of some duration."""
+    taken = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(taken.set_result, None)
+    await taken

@@ -583,8 +583,8 @@ def configure_logging(log_format: str, log_level: str) -> None:
 
 
 def _drop_routine_success_lines(record: logging.LogRecord) -> bool:
-    """kopf logs "Daemon 'size_workload' succeeded." for every workload whenever the operator
-    stops or pauses: one line per workload, which says nothing. Failures stay."""
+    """kopf logs "Timer 'partition' succeeded." for every GPUPartitioning at every period:
+    lines that say nothing. Failures stay."""
     return not (record.levelno == logging.INFO and str(record.msg).endswith("succeeded."))
 
 

@@ -7,8 +7,6 @@ rather than from import time, and the runtime arrives through kopf's memo.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -26,11 +24,10 @@ from gpusizer.report import metrics
 from gpusizer.settings import OperatorSettings
 from gpusizer.signals.discovery import NodeInfo, node_info
 from gpusizer.signals.pods import PodInfo, pod_info, requests_gpu
-from gpusizer.workload import Workload
+from gpusizer.sweep import PodSweep
 
 log = logging.getLogger(__name__)
 
-DECISION_GRACE_SECONDS = 30.0  # a decision under way when kopf stops its daemon
 # kopf retries a failed API request with these pauses, then gives up, and a peering or watch
 # request that gives up stops the operator. kopf's own (1, 1, 2, 3, 5, 8, 13, 21: 54 s) did not
 # outlast a graceful restart of the API server, and the soak lost both replicas to one; these
@@ -51,8 +48,20 @@ def register(settings: OperatorSettings) -> None:
             settings.peering.priority = peering_priority(time.time())
         else:
             settings.peering.standalone = True
-        # the pods index is filled later; the sweep reads it live
-        memo.runtime = startup.start(config, settings.peering.priority, kwargs["pods_by_namespace"])
+        # the indexes are filled later: every turn and the pod sweep read them live
+        sweep = PodSweep()
+        view = ClusterView(
+            pods_by_namespace=kwargs["pods_by_namespace"],
+            nodes=OnePerKey(kwargs["gpu_nodes"]),
+            pods_by_label=kwargs["pods_by_label"],
+            targets={
+                "Deployment": OnePerKey(kwargs["deployments"]),
+                "StatefulSet": OnePerKey(kwargs["statefulsets"]),
+            },
+            activator_ports=kwargs["activator_ports"],
+            gone=sweep.gone,
+        )
+        memo.runtime = startup.start(config, settings.peering.priority, view, sweep)
 
     kopf.on.login(id="login")(kopf_login)
 
@@ -102,112 +111,31 @@ def register(settings: OperatorSettings) -> None:
         info = node_info(body)
         return {name: info} if info.allocatable else None
 
-    # One daemon per WorkloadSizing, woken by the shared cycle clock rather than a timer of its
-    # own: kopf starts it once its indexes are filled and stops it when peering pauses this
-    # replica, so the clock only ever drives objects this replica may act on; the object's
-    # DELETED event stops it (`without_finalizer`). A decision under way when it is stopped
-    # finishes (`cancellation_backoff`); one that fails unexpectedly is retried at the next
-    # period (`backoff`).
-    @kopf.daemon(
-        GROUP,
-        VERSION,
-        PLURAL,
-        id="size_workload",
-        backoff=settings.sync_period_seconds,
-        cancellation_backoff=DECISION_GRACE_SECONDS,
-        cancellation_timeout=DECISION_GRACE_SECONDS,
-    )
-    async def size_workload(
-        *,
-        name: str,
-        namespace: str | None,
-        body: kopf.Body,
-        stopped: kopf.DaemonStopped,
-        memo: kopf.Memo,
-        logger: kopf.Logger,
-        **kwargs: Any,
-    ) -> None:
-        assert namespace is not None  # WorkloadSizing is namespaced
-        view = ClusterView(
-            pods_by_namespace=kwargs["pods_by_namespace"],
-            nodes=OnePerKey(kwargs["gpu_nodes"]),
-            pods_by_label=kwargs["pods_by_label"],
-            targets={
-                "Deployment": OnePerKey(kwargs["deployments"]),
-                "StatefulSet": OnePerKey(kwargs["statefulsets"]),
-            },
-            activator_ports=kwargs["activator_ports"],
-            gone=memo.runtime.pod_sweep.gone,
-        )
-        runtime: startup.Runtime = memo.runtime
-        workload = Workload(namespace, name, body, logger)
-        runtime.workloads[(namespace, name)] = workload
-        uid = str(body.meta.uid)
-        gone = runtime.departures.watch(uid)
-        stop = asyncio.ensure_future(stopped_or_gone(stopped, gone))
-        try:
-            await workload.follow(
-                runtime.clock,
-                stop,
-                view,
-                runtime.services,
-                runtime.memory,
-                runtime.status_writer,
-            )
-        finally:
-            stop.cancel()
-            if runtime.workloads.get((namespace, name)) is workload:
-                del runtime.workloads[(namespace, name)]
-            runtime.departures.release(uid, gone)
-
-    without_finalizer("size_workload")
-
     @kopf.on.event(GROUP, VERSION, PLURAL)
     async def workload_event(
         *,
         type: str,
         name: str,
         namespace: str | None,
-        uid: str | None,
+        body: kopf.Body,
         event: kopf.RawEvent,
         memo: kopf.Memo,
+        logger: kopf.Logger,
         **_: Any,
     ) -> None:
-        """Every event of a WorkloadSizing: its body loses what kopf need not keep, its
-        daemon is asked at the next read whether its spec changed, an activator's push asks
-        for a turn at once, and a deleted one takes no more turns, and its series and
-        remembered state go."""
+        """Every event of a WorkloadSizing: its body loses what need not be kept, and the
+        fleet decides it from then on with that body; a deleted one takes no more turns, and
+        its series and remembered state go. kopf calls no handler but the indexes' until
+        every index is filled, so no turn reads a half-filled one."""
         drop_managed_fields(event)
-        if type == "DELETED" and namespace:
-            if uid:
-                memo.runtime.departures.departed(uid)
+        if not namespace:
+            return
+        runtime: startup.Runtime = memo.runtime
+        if type == "DELETED":
+            runtime.departed(namespace, name, str(body.meta.uid or ""))
             metrics.WORKLOADS.forget(namespace, name)
-            memo.runtime.memory.forget(namespace, name)
-        elif namespace:
-            memo.runtime.clock.touch((namespace, name))
-            annotations = (event["object"].get("metadata") or {}).get("annotations") or {}
-            memo.runtime.activator_pushed(namespace, name, annotations)
+            runtime.memory.forget(namespace, name)
+        else:
+            runtime.saw(namespace, name, body, logger)
 
     partitioning.register(settings)
-
-
-def without_finalizer(daemon_id: str) -> None:
-    """kopf puts a finalizer on every object a daemon runs for, to stop the daemon before the
-    object goes. A WorkloadSizing holds nothing to clean up, and that finalizer held it, and on
-    `kubectl delete -k deploy/` its CRD, in Terminating whenever no operator ran or could still
-    act (docs/operations.md, "Uninstall"). The object's DELETED event stops the daemon instead
-    (`Departures`), and kopf takes the finalizer off objects that still carry one."""
-    spawning = kopf.get_default_registry()._spawning
-    spawning._handlers = [
-        dataclasses.replace(h, requires_finalizer=False) if h.id == daemon_id else h
-        for h in spawning._handlers
-    ]
-
-
-async def stopped_or_gone(stopped: kopf.DaemonStopped, gone: asyncio.Future[None]) -> None:
-    """Returns when kopf stops the daemon or the object is deleted."""
-    waiting = asyncio.ensure_future(stopped.wait())
-    try:
-        await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiting.cancel()

@@ -128,9 +128,9 @@ async def kopf_login(**kwargs: Any) -> kopf.AiohttpSession | None:
 def drop_managed_fields(event: Mapping[str, Any]) -> None:
     """Removes metadata.managedFields from a watch event's object, in place.
 
-    kopf keeps each WorkloadSizing's latest body for its daemon: the very dict of the event its
-    handlers receive (kopf 1.45, processing.py). managedFields was about half of it
-    (bench/README.md), and nothing reads it. controller-runtime's caches drop it the same way
+    The fleet keeps each WorkloadSizing's latest body: the very dict of the event its handler
+    receives (startup.Runtime.saw). managedFields was about half of it (bench/README.md), and
+    nothing reads it. controller-runtime's caches drop it the same way
     (TransformStripManagedFields)."""
     obj = event.get("object")
     metadata = obj.get("metadata") if isinstance(obj, dict) else None

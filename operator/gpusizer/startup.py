@@ -9,12 +9,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kopf
 from kubernetes import client as k8s
 from prometheus_client import disable_created_metrics, start_http_server
 
@@ -24,6 +25,8 @@ from gpusizer.api.v1alpha1 import Server
 from gpusizer.catalog import load_catalog
 from gpusizer.charge import Charge, LeaseRecord
 from gpusizer.clock import CycleClock, FailingSince, fetch_cycle
+from gpusizer.cluster import ClusterView
+from gpusizer.fleet import Fleet
 from gpusizer.kube import WORKER_THREADS, api_client
 from gpusizer.lease import KubeLease, keep_charge, replica_identity
 from gpusizer.measurement import Measurer
@@ -40,11 +43,10 @@ from gpusizer.signals.autoscalers import AutoscalerLister, TargetKey
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import OfferCache
 from gpusizer.signals.health import PrometheusHealth
-from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.reader import HistoryCache, LedgerCache, SnapshotReader
-from gpusizer.sweep import PodSweep, pod_uids
-from gpusizer.workload import Departures, Workload
+from gpusizer.sweep import Lister, PodSweep, pod_uids, workload_uids
+from gpusizer.workload import Turns, Workload
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +60,44 @@ class Runtime:
     status_writer: StatusSink
     clock: CycleClock
     executor: ThreadPoolExecutor
-    departures: Departures = field(default_factory=Departures)
+    decide_every: int = 1  # reads per sync period
     pod_sweep: PodSweep = field(default_factory=PodSweep)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     watching: threading.Event = field(default_factory=threading.Event)  # set: watches stop
-    # the workloads this process decides, for the pushes that ask for a turn at once
-    workloads: dict[tuple[str, str], Workload] = field(default_factory=dict)
+    # the uids of the WorkloadSizings the API server has now, in these namespaces (blocking)
+    list_workloads: Lister | None = None
+    turns: Turns | None = None  # what the fleet's turns go through, once the first event came
+    fleet: Fleet[Workload] = field(init=False)
+    turning: bool = field(init=False, default=False)
+    confirming: asyncio.Task[None] | None = field(init=False, default=None)  # `took_over`
+
+    def __post_init__(self) -> None:
+        self.fleet = Fleet(self.clock, self.decide_every)
+
+    def saw(self, namespace: str, name: str, body: kopf.Body, logger: kopf.Logger) -> None:
+        """An event of a WorkloadSizing that exists: the fleet decides it from now on with
+        this body, and asks it at the next read whether it changed. The turns start from the
+        first event's handler: kopf posts Events through a queue it hands to its handlers
+        alone (a context variable), and every turn runs in a copy of this one's context."""
+        if self.turns is not None and not self.turning:
+            self.turning = True
+            turns = self.turns
+            self.tasks.append(asyncio.create_task(self.fleet.run(turns.decide, turns.report)))
+        workload = self.fleet.get((namespace, name))
+        if workload is None or workload.uid != str(body.meta.uid or ""):
+            workload = Workload(namespace, name, body, logger)
+            workload.activator_pushed(body.meta.annotations)  # its first turn reads them
+            self.fleet.join(workload)
+            return
+        workload.body, workload.logger = body, logger
+        self.fleet.touch(workload.key)
+        if workload.activator_pushed(body.meta.annotations):
+            self.fleet.nudge(workload.key)
+
+    def departed(self, namespace: str, name: str, uid: str) -> None:
+        workload = self.fleet.get((namespace, name))
+        if workload is not None and workload.uid == uid:
+            self.fleet.leave(workload.key)
 
     def stop(self) -> None:
         """Reads and writes still queued for a worker thread are dropped (every decision is
@@ -76,30 +110,51 @@ class Runtime:
         self.executor.shutdown(wait=False, cancel_futures=True)
         exit_watchdog(EXIT_GRACE_SECONDS)
 
-    def activator_pushed(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        workload = self.workloads.get((namespace, name))
-        if workload is not None:
-            workload.activator_pushed(annotations)
-
     def took_over(self, health: PrometheusHealth, predecessor: LeaseRecord | None) -> None:
-        """Every workload decides at once (their turns since kopf started them were held),
-        knowing the outages of Prometheus the predecessor saw. The latest cycle, read before,
-        is restated with them: on the cycle as read, a loss the predecessor wrote quietly in
-        an outage this replica did not see was taken for the workload's own, and its end
-        posted MetricsRecovered (the soak, seed 38: bench/README.md)."""
+        """Every workload decides at once (their turns while the peer was in charge were
+        skipped), knowing the outages of Prometheus the predecessor saw, once the fleet holds
+        only WorkloadSizings that exist (`confirm_fleet`). The latest cycle, read before, is
+        restated with those outages: on the cycle as read, a loss the predecessor wrote
+        quietly in an outage this replica did not see was taken for the workload's own, and
+        its end posted MetricsRecovered (the soak, seed 38: bench/README.md)."""
         if predecessor is not None and predecessor.prometheus_outages:
             holder = predecessor.holder or "that freed the Lease"  # a release keeps them
             health.inherit(predecessor.prometheus_outages, holder)
             self.clock.restate(health.state)
-        for workload in self.workloads.values():
-            workload.nudge()
+        self.fleet.held = True
+        self.confirming = asyncio.create_task(self.confirm_fleet())
+        self.clock.wake()
+
+    async def confirm_fleet(self) -> None:
+        """kopf paused this replica's watches while its peer was in charge, and lists again
+        when it resumes without ever saying what the new list lacks: a WorkloadSizing deleted
+        meanwhile would take a turn, and write its target, before its status write found it
+        gone. Those the API server no longer has leave the fleet before any turn starts; then
+        every workload takes one."""
+        try:
+            if self.list_workloads is not None:
+                members = list(self.fleet)
+                namespaces = sorted({m.namespace for m in members})
+                listed = await asyncio.to_thread(self.list_workloads, namespaces)
+                left = self.fleet.confirm(members, listed)
+                if left:
+                    log.warning(
+                        "%d WorkloadSizing(s) deleted while this replica was not in charge "
+                        "left the fleet",
+                        left,
+                    )
+        except Exception as exc:  # the API server is down: the turns' writes find out
+            log.warning("listing WorkloadSizings on taking over failed: %s", exc)
+        finally:
+            self.fleet.release()
+            self.fleet.nudge_all()
 
     def activator_replicas_changed(self) -> None:
         """The routes name the activator's replicas: the workloads routed to it rewrite theirs
         at once."""
-        for workload in self.workloads.values():
+        for workload in self.fleet:
             if workload.routed_to_activator():
-                workload.nudge()
+                self.fleet.nudge(workload.key)
 
 
 def lead(
@@ -148,10 +203,11 @@ def exit_watchdog(seconds: float, exit_now: Callable[[int], object] = os._exit) 
 
 
 def start(
-    config: OperatorSettings, peering_priority: int, pods: Mapping[str, Iterable[PodInfo]]
+    config: OperatorSettings, peering_priority: int, view: ClusterView, sweep: PodSweep
 ) -> Runtime:
-    """Builds the runtime and starts the cycle clock, the metrics server and, with a peering,
-    the report of which replica is in charge."""
+    """Builds the runtime, its turns over `view`, and starts the cycle clock, the `sweep` of
+    the pods `view` holds, the metrics server and, with a peering, the report of which
+    replica is in charge."""
     executor = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="gpusizer")
     asyncio.get_running_loop().set_default_executor(executor)
     client = api_client()
@@ -212,13 +268,23 @@ def start(
             FailingSince(),
         ),
         config.read_period,
-        decide_every=config.decide_every,
     )
-    runtime = Runtime(services, Memory(), StatusWriter(client), clock, executor)
+    memory, writer = Memory(), StatusWriter(client)
+    runtime = Runtime(
+        services,
+        memory,
+        writer,
+        clock,
+        executor,
+        decide_every=config.decide_every,
+        pod_sweep=sweep,
+        list_workloads=functools.partial(workload_uids, client),
+        turns=Turns(view, services, memory, writer),
+    )
     routes.start(runtime.watching)
     runtime.tasks.append(asyncio.create_task(clock.run()))
     runtime.tasks.append(
-        asyncio.create_task(runtime.pod_sweep.run(pods, functools.partial(pod_uids, client)))
+        asyncio.create_task(sweep.run(view.pods_by_namespace, functools.partial(pod_uids, client)))
     )
     if config.peering:
         runtime.tasks.append(

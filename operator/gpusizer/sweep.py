@@ -11,14 +11,17 @@ pages), and the cached pods the API server no longer has are `gone`: `ClusterVie
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.kube import UNANSWERED, SaidOnce
 from gpusizer.report import metrics
 from gpusizer.signals.pods import PodInfo
@@ -29,18 +32,38 @@ SWEEP_SECONDS = 60.0
 PAGE = 500  # pods per list request: a namespace of thousands is not one large response
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
-Lister = Callable[[Iterable[str]], set[str]]  # namespaces -> the uids of the pods they hold
+Lister = Callable[[Iterable[str]], set[str]]  # namespaces -> the uids of the objects they hold
 
 
 def pod_uids(client: k8s.ApiClient, namespaces: Iterable[str], page_size: int = PAGE) -> set[str]:
     """Blocking: the uids of the pods in `namespaces`, as the API server has them now."""
-    api = k8s.CoreV1Api(client)
+    return _listed_uids(k8s.CoreV1Api(client).list_namespaced_pod, namespaces, page_size)
+
+
+def workload_uids(
+    client: k8s.ApiClient, namespaces: Iterable[str], page_size: int = PAGE
+) -> set[str]:
+    """Blocking: the uids of the WorkloadSizings in `namespaces`, as the API server has them
+    now (startup.Runtime.confirm_fleet)."""
+    lister = functools.partial(
+        k8s.CustomObjectsApi(client).list_namespaced_custom_object,
+        group=GROUP,
+        version=VERSION,
+        plural=PLURAL,
+    )
+    return _listed_uids(lister, namespaces, page_size)
+
+
+def _listed_uids(
+    list_namespaced: Callable[..., Any], namespaces: Iterable[str], page_size: int
+) -> set[str]:
+    """Every page of each namespace's list, metadata only, read for its items' uids."""
     uids: set[str] = set()
     for namespace in namespaces:
         token: str | None = None
         while True:
-            response = api.list_namespaced_pod(
-                namespace,
+            response = list_namespaced(
+                namespace=namespace,
                 limit=page_size,
                 _continue=token,
                 _preload_content=False,

@@ -18,8 +18,8 @@ def _record(level: int, message: str) -> logging.LogRecord:
 @pytest.mark.parametrize(
     ("level", "message", "kept"),
     [
-        (logging.INFO, "Daemon 'size_workload' succeeded.", False),
-        (logging.ERROR, "Daemon 'size_workload' failed with an exception. Will retry.", True),
+        (logging.INFO, "Timer 'partition' succeeded.", False),
+        (logging.ERROR, "Timer 'partition' failed with an exception. Will retry.", True),
         (logging.WARNING, "Patching failed with inconsistencies", True),
         (logging.INFO, "Handler 'workload_event' is invoked.", True),
     ],

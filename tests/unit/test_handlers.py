@@ -5,25 +5,27 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 from typing import Any, cast
 
 import kopf
 import pytest
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
-from gpusizer.clock import CycleClock
-from gpusizer.handlers import DECISION_GRACE_SECONDS, register, stopped_or_gone
+from gpusizer.clock import Cycle, CycleClock
+from gpusizer.cluster import ClusterView
+from gpusizer.handlers import register
 from gpusizer.memory import Memory
+from gpusizer.report.turn import Outcome
 from gpusizer.settings import OperatorSettings, PrometheusSettings
+from gpusizer.signals.health import PrometheusHealth
+from gpusizer.signals.snapshot import Snapshot
 from gpusizer.startup import Runtime, exit_watchdog
-from gpusizer.workload import Departures
-from kopf._cogs.aiokits import aioenums
+from gpusizer.workload import Turns, Workload
 from kopf._cogs.structs import bodies, ephemera, finalizers, references
 from kopf._core.actions import application
-from kopf._core.engines import indexing
-from kopf._core.intents.handlers import DaemonHandler, TimerHandler
+from kopf._core.engines import indexing, posting
+from kopf._core.intents.handlers import TimerHandler
 from kopf._core.reactor import inventory, processing
 
 from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, services
@@ -56,16 +58,14 @@ def test_settings_read_as_the_command_line_does_unless_told_otherwise() -> None:
     )
 
 
-def test_workloads_are_driven_by_the_cycle_clock_not_by_timers() -> None:
+def test_workloads_take_their_turns_in_the_fleet_not_in_kopf_daemons_or_timers() -> None:
+    """A daemon per workload kept a task, futures and their contexts for each: about half
+    the heap at 5,000 workloads (bench/README.md, "Heap census")."""
     registry = registered(sync_period_seconds=7)
     spawned = [h for h in registry._spawning.get_all_handlers() if h.selector.any_name == PLURAL]
-    assert not [h for h in spawned if isinstance(h, TimerHandler)]
-    daemons = [h for h in spawned if isinstance(h, DaemonHandler)]
-    assert [d.id for d in daemons] == ["size_workload"]
-    # a failed decision is retried at the next period; one under way when kopf stops the daemon
-    # (deleted, paused behind a peer) is given time to finish rather than being cancelled
-    assert daemons[0].backoff == 7
-    assert daemons[0].cancellation_backoff == DECISION_GRACE_SECONDS > 0
+    assert spawned == []
+    watched = [h for h in registry._watching.get_all_handlers() if h.selector.any_name == PLURAL]
+    assert [h.id.rsplit(".", 1)[-1] for h in watched] == ["workload_event"]
 
 
 def test_no_handler_is_sent_to_a_thread() -> None:
@@ -92,7 +92,7 @@ def workload_body(resource_version: str, finalizer: str) -> dict[str, Any]:
             "uid": "u1",
             "resourceVersion": resource_version,
             "generation": 1,
-            "finalizers": [finalizer],
+            "finalizers": [finalizer] if finalizer else [],
             "annotations": {"gpusizer.io/paused": "false"},
             "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:mode": {}}}}],
         },
@@ -101,75 +101,75 @@ def workload_body(resource_version: str, finalizer: str) -> dict[str, Any]:
     }
 
 
-class TouchedClock:
-    def __init__(self) -> None:
-        self.touched: list[object] = []
-
-    def touch(self, key: object) -> None:
-        self.touched.append(key)
-
-
 def raw_event(kind: bodies.RawEventType, body: dict[str, Any]) -> bodies.RawEvent:
     """A watch event as kopf's stream hands it over: the body itself, not a copy."""
     return {"type": kind, "object": cast(bodies.RawBody, body)}
 
 
-async def process(
-    events: list[bodies.RawEvent], memo: ephemera.Memo | None = None
-) -> list[dict[str, Any]]:
-    """Each event through kopf's own event processing with the registered watch handlers and
-    a daemon that holds the body; the metadata of the body kopf keeps after each."""
-    registry = kopf.OperatorRegistry()
-    for handler in registered()._watching.get_all_handlers():
-        registry._watching.append(handler)
+def runtime(list_workloads: Callable[[Iterable[str]], set[str]] | None = None) -> Runtime:
+    return Runtime(
+        services(FakeMetrics(), FakeTargets()),
+        Memory(),
+        FakeStatus(),
+        CycleClock(never_fetched, period_seconds=3600),
+        ThreadPoolExecutor(max_workers=1),
+        list_workloads=list_workloads,
+    )
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry)
-    async def holds_the_body(stopped: kopf.DaemonStopped, **_: Any) -> None:
-        await stopped.wait()
 
-    settings = kopf.OperatorSettings()
-    memories = inventory.ResourceMemories()
-    if memo is None:
-        memo = ephemera.Memo()
-        memo.runtime = SimpleNamespace(clock=TouchedClock(), activator_pushed=lambda *_: None)
-    kept = []
-    for raw in events:
+class Kopf:
+    """Events through kopf's own processing, with the handlers `gpusizer run` registers and
+    the runtime in its memo; the patches kopf would apply, recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, in_memo: Runtime) -> None:
+        self.registry = registered(partitioning=False)
+        self.runtime = in_memo
+        self.patches: list[Any] = []
+        self.memobase = ephemera.Memo()
+        self.memobase.runtime = in_memo
+        self.indexers = indexing.OperatorIndexers()
+        self.indexers.ensure(self.registry._indexing.get_all_handlers())
+        self.memories = inventory.ResourceMemories()
+        self.settings = kopf.OperatorSettings()
+        self.posted: asyncio.Queue[posting.K8sEvent] = asyncio.Queue()
+
+        async def recorded(*, patch: Any, **_: Any) -> tuple[bool, str | None, None]:
+            if patch:
+                self.patches.append(patch)
+            return True, None, None
+
+        monkeypatch.setattr(application, "apply", recorded)
+
+    async def event(self, kind: bodies.RawEventType, body: dict[str, Any]) -> None:
         await processing.process_resource_event(
             lifecycle=kopf.lifecycles.all_at_once,
-            indexers=indexing.OperatorIndexers(),
-            registry=registry,
-            settings=settings,
-            memories=memories,
-            memobase=memo,
+            indexers=self.indexers,
+            registry=self.registry,
+            settings=self.settings,
+            memories=self.memories,
+            memobase=self.memobase,
             resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
-            raw_event=raw,
-            event_queue=asyncio.Queue(),
+            raw_event=raw_event(kind, body),
+            event_queue=self.posted,
         )
-        body = (await memories.recall(raw["object"])).daemons_memory.live_fresh_body
-        assert body is not None  # the daemon runs and holds it
-        kept.append(copy.deepcopy(dict(body.metadata)))
-    memory = await memories.recall(events[0]["object"])
-    for daemon in list(memory.daemons_memory.running_daemons.values()):
-        daemon.stopper.set(reason=kopf.DaemonStoppingReason.OPERATOR_EXITING)
-        await daemon.task
-    return kept
 
 
-FINALIZER = kopf.OperatorSettings().persistence.finalizer  # kopf spawns only once it is on
+FINALIZER = kopf.OperatorSettings().persistence.finalizer  # put on by earlier versions
 
 
-def test_kopf_keeps_no_managed_fields_for_a_workloads_daemon() -> None:
-    """kopf keeps each WorkloadSizing's latest body while its daemon runs: the event handler
-    must strip the very dict kopf keeps, at creation and at every later change. Driven
-    through kopf's own event processing, so a kopf that copied the body would fail here."""
-    created, changed = asyncio.run(
-        process(
-            [
-                raw_event("ADDED", workload_body("1", FINALIZER)),
-                raw_event("MODIFIED", workload_body("2", FINALIZER)),
-            ]
-        )
-    )
+async def test_the_body_a_workload_keeps_has_no_managed_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fleet keeps each WorkloadSizing's latest body: the event handler must strip the
+    very dict kept, at creation and at every later change."""
+    kopf_ = Kopf(monkeypatch, runtime())
+    kept = []
+    for kind, version in (("ADDED", "1"), ("MODIFIED", "2")):
+        await kopf_.event(kind, workload_body(version, FINALIZER))
+        workload = kopf_.runtime.fleet.get(("ns", "chat"))
+        assert workload is not None
+        kept.append(copy.deepcopy(dict(workload.body.metadata)))
+    created, changed = kept
     assert "managedFields" not in created and "managedFields" not in changed
     assert changed["resourceVersion"] == "2"  # the body kept is the latest one
     assert changed["annotations"] == {"gpusizer.io/paused": "false"}
@@ -185,113 +185,133 @@ def test_each_gpu_partitioning_takes_a_turn_every_sync_period() -> None:
 
 def test_gpu_partitioning_is_not_served_when_only_some_namespaces_are_watched() -> None:
     spawned = registered(partitioning=False)._spawning.get_all_handlers()
-    assert [h.id for h in spawned] == ["size_workload"]
+    assert spawned == []
 
 
-def test_an_event_of_a_workload_has_the_clock_ask_it_at_the_next_read() -> None:
+async def test_an_event_of_a_workload_has_the_next_read_ask_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A waiting workload is asked whether its spec changed only after an event of its
-    object (CycleClock.touch): asking every one at every read cost more than the read."""
-    clock = TouchedClock()
-    pushed: list[tuple[str, str, dict[str, str]]] = []
-    memo = ephemera.Memo()
-    memo.runtime = SimpleNamespace(
-        clock=clock,
-        activator_pushed=lambda namespace, name, annotations: pushed.append(
-            (namespace, name, dict(annotations))
-        ),
-    )
-    asyncio.run(
-        process(
-            [
-                raw_event("ADDED", workload_body("1", FINALIZER)),
-                raw_event("MODIFIED", workload_body("2", FINALIZER)),
-            ],
-            memo,
-        )
-    )
-    assert clock.touched == [("ns", "chat"), ("ns", "chat")]
-    # and the activator's records still reach the workload, at each event
-    assert pushed == [("ns", "chat", {"gpusizer.io/paused": "false"})] * 2
+    object (Fleet.touch): asking every one at every read cost more than the read."""
+    kopf_ = Kopf(monkeypatch, runtime())
+    await kopf_.event("ADDED", workload_body("1", FINALIZER))
+    assert kopf_.runtime.fleet._touched == set(), "a newcomer takes its first turn anyway"
+    await kopf_.event("MODIFIED", workload_body("2", FINALIZER))
+    assert kopf_.runtime.fleet._touched == {("ns", "chat")}
+
+
+async def test_an_activator_record_that_changed_asks_for_a_turn_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    memo = runtime()
+    nudged: list[tuple[str, str]] = []
+    monkeypatch.setattr(memo.fleet, "nudge", nudged.append)
+    kopf_ = Kopf(monkeypatch, memo)
+    held = workload_body("1", FINALIZER)
+    held["metadata"]["annotations"]["activator.gpusizer.io/a-1"] = '{"pending": 1}'
+    await kopf_.event("ADDED", held)  # its first turn reads the record
+    await kopf_.event("MODIFIED", copy.deepcopy(held))  # the same record: no news
+    assert nudged == []
+    await kopf_.event("MODIFIED", workload_body("3", FINALIZER))  # the record gone
+    assert nudged == [("ns", "chat")]
+
+
+class PostingTurns(Turns):
+    async def decide(self, workload: Workload, cycle: Cycle) -> Outcome | None:
+        kopf.event(workload.body, type="Normal", reason="Posted", message="from a turn")
+        return None
+
+
+async def test_turns_post_events_through_the_queue_kopf_gives_its_handlers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf sets its event queue for its handlers only: a turn started anywhere else failed
+    to post any Event."""
+    memo = runtime()
+    memo.turns = PostingTurns(ClusterView({}, {}), memo.services, memo.memory, FakeStatus())
+    kopf_ = Kopf(monkeypatch, memo)
+    posting.settings_var.set(kopf_.settings)  # kopf sets it before any of its tasks starts
+    await kopf_.event("ADDED", workload_body("1", ""))
+    memo.clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    try:
+        event = await asyncio.wait_for(kopf_.posted.get(), timeout=10)
+    finally:
+        for task in memo.tasks:
+            task.cancel()
+    assert (event.reason, event.ref["name"]) == ("Posted", "chat")
 
 
 async def test_a_workload_carries_no_finalizer_and_its_deletion_ends_its_turns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Driven through kopf's own event processing with the handlers `gpusizer run` registers:
-    kopf would put a finalizer on the object (or keep an old one), and a deleted object's
-    daemon would go on without one."""
-    registry = registered(partitioning=False)
-    assert [h.requires_finalizer for h in registry._spawning.get_all_handlers()] == [False]
-    patches: list[Any] = []
+    """kopf would put a finalizer on the object (or keep an old one) if any handler asked
+    for one; none does, and the DELETED event takes it out of the fleet."""
+    kopf_ = Kopf(monkeypatch, runtime())
+    await kopf_.event(None, workload_body("1", finalizer=""))
+    assert kopf_.runtime.fleet.get(("ns", "chat")) is not None
+    assert kopf_.patches == [], "kopf added a finalizer"
 
-    async def recorded(*, patch: Any, **_: Any) -> tuple[bool, str | None, None]:
-        if patch:
-            patches.append(patch)
-        return True, None, None
+    old = workload_body("2", finalizer=kopf_.settings.persistence.finalizer)
+    await kopf_.event("MODIFIED", old)  # an object from an operator that put one on
+    assert [fn.func for fn in kopf_.patches[-1].fns] == [finalizers.allow_deletion], "kept it"
 
-    monkeypatch.setattr(application, "apply", recorded)
-    runtime = Runtime(
-        services(FakeMetrics(), FakeTargets()),
-        Memory(),
-        FakeStatus(),
-        CycleClock(never_fetched, period_seconds=3600),
-        ThreadPoolExecutor(max_workers=1),
-    )
-    memobase = ephemera.Memo()
-    memobase.runtime = runtime
-    indexers = indexing.OperatorIndexers()
-    indexers.ensure(registry._indexing.get_all_handlers())
-    memories = inventory.ResourceMemories()
+    await kopf_.event("DELETED", old)
+    assert kopf_.runtime.fleet.get(("ns", "chat")) is None
+    assert kopf_.runtime.fleet._clock.listeners == 0
+
+
+async def test_the_deletion_of_an_old_object_leaves_the_one_created_again_under_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kopf_ = Kopf(monkeypatch, runtime())
+    await kopf_.event(None, workload_body("1", ""))
+    again = workload_body("3", "")
+    again["metadata"]["uid"] = "u2"  # deleted and created again while a watch was down
+    await kopf_.event(None, again)
+    await kopf_.event("DELETED", workload_body("2", ""))  # the old one's late event
+    workload = kopf_.runtime.fleet.get(("ns", "chat"))
+    assert workload is not None and workload.uid == "u2"
+
+
+async def test_a_replica_taking_over_drops_those_deleted_while_it_was_paused() -> None:
+    """kopf lists again when it resumes a paused replica's watches, and never says what the
+    new list lacks: such a workload would write its target before finding itself gone."""
+    listed: list[list[str]] = []
+
+    def list_workloads(namespaces: Iterable[str]) -> set[str]:
+        listed.append(list(namespaces))
+        return {"u1"}
+
+    memo = runtime(list_workloads)
     settings = kopf.OperatorSettings()
-
-    async def event(kind: bodies.RawEventType, body: dict[str, Any]) -> None:
-        await processing.process_resource_event(
-            lifecycle=kopf.lifecycles.all_at_once,
-            indexers=indexers,
-            registry=registry,
-            settings=settings,
-            memories=memories,
-            memobase=memobase,
-            resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
-            raw_event=raw_event(kind, body),
-            event_queue=asyncio.Queue(),
-        )
-
-    body = workload_body("1", finalizer="")
-    body["metadata"]["finalizers"] = []
-    await event(None, body)
-    daemons = (await memories.recall(body)).daemons_memory.running_daemons
-    assert len(daemons) == 1, "the daemon runs without a finalizer"
-    task = next(iter(daemons.values())).task
-    assert patches == [], "kopf added a finalizer"
-
-    old = workload_body("2", finalizer=settings.persistence.finalizer)
-    await event("MODIFIED", old)  # an object from an operator that put one on
-    assert [fn.func for fn in patches[-1].fns] == [finalizers.allow_deletion], "kept it"
-
-    await event("DELETED", old)
-    await asyncio.wait_for(task, timeout=10)  # its turns ended with the object
+    for name, uid in (("kept", "u1"), ("deleted", "u2")):
+        body = kopf.Body({"metadata": {"name": name, "namespace": "ns", "uid": uid}})
+        memo.saw("ns", name, body, kopf.LocalObjectLogger(body=body, settings=settings))
+    nudged: list[tuple[str, str]] = []
+    memo.fleet.nudge = nudged.append  # type: ignore[method-assign]
+    memo.took_over(PrometheusHealth(), None)
+    assert memo.fleet.held, "no turn starts before the list says who exists"
+    assert memo.confirming is not None
+    await asyncio.wait_for(memo.confirming, timeout=10)
+    assert listed == [["ns"]]
+    assert [w.name for w in memo.fleet] == ["kept"]
+    assert not memo.fleet.held and nudged == [("ns", "kept")]
 
 
-async def test_departures_end_the_right_daemon() -> None:
-    departures = Departures()
-    first = departures.watch("u1")
-    assert departures.watch("u1") is first
-    departures.release("u1", first)  # paused behind a peer
-    second = departures.watch("u1")  # resumed
-    departures.release("u1", first)  # the first daemon's late cleanup takes nothing
-    departures.departed("u1")
-    assert second.done() and not first.done()
-    departures.departed("u2")  # created and deleted before its daemon first ran
-    assert departures.watch("u2").done()
-    assert not departures.watch("u3").done()
-    stopped = aioenums.AsyncFlagWaiter(aioenums.FlagSetter[kopf.DaemonStoppingReason]())
-    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    waiting = asyncio.ensure_future(stopped_or_gone(stopped, gone))
-    await asyncio.sleep(0)
-    assert not waiting.done()
-    gone.set_result(None)
-    await asyncio.wait_for(waiting, timeout=5)
+async def test_a_replica_taking_over_whose_list_fails_says_so_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def refused(namespaces: Iterable[str]) -> set[str]:
+        raise ConnectionRefusedError("connection refused")
+
+    memo = runtime(refused)
+    body = kopf.Body({"metadata": {"name": "w", "namespace": "ns", "uid": "u1"}})
+    memo.saw("ns", "w", body, kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings()))
+    memo.took_over(PrometheusHealth(), None)
+    assert memo.confirming is not None
+    await asyncio.wait_for(memo.confirming, timeout=10)
+    assert not memo.fleet.held and len(memo.fleet) == 1
+    assert "listing WorkloadSizings on taking over failed: connection refused" in caplog.text
 
 
 def test_api_requests_outlast_an_api_server_restart() -> None:
@@ -307,7 +327,18 @@ def test_api_requests_outlast_an_api_server_restart() -> None:
     memo.config = OperatorSettings(PrometheusSettings(url="http://prometheus"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("gpusizer.startup.start", lambda *args: started.append(args))
-        asyncio.run(configure.fn(settings=settings, memo=memo, pods_by_namespace={}))
+        indexes = {
+            name: {}
+            for name in (
+                "pods_by_namespace",
+                "pods_by_label",
+                "deployments",
+                "statefulsets",
+                "activator_ports",
+                "gpu_nodes",
+            )
+        }
+        asyncio.run(configure.fn(settings=settings, memo=memo, **indexes))
     assert started, "configure built the runtime"
     backoffs = settings.networking.error_backoffs
     assert sum(backoffs if isinstance(backoffs, Iterable) else [backoffs]) >= 300

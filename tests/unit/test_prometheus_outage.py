@@ -4,6 +4,7 @@ and status writes counted."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections import Counter
@@ -623,8 +624,10 @@ async def test_the_first_turns_after_taking_over_know_the_predecessors_outage(
             fleet.services, fleet.memory, FakeStatus(), clock, ThreadPoolExecutor(max_workers=1)
         )
         runtime.took_over(standby, handed)
-    assert clock._latest is not None
-    await fleet.decide(clock._latest, taking_over)
+        assert runtime.confirming is not None
+        await asyncio.wait_for(runtime.confirming, timeout=10)
+    assert clock.latest is not None
+    await fleet.decide(clock.latest, taking_over)
     if restated:
         assert [e for e in fleet.events if e[0] >= start] == []
     else:

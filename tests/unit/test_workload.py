@@ -10,15 +10,16 @@ from typing import Any
 import kopf
 from gpusizer.clock import Cycle, CycleClock
 from gpusizer.cluster import ClusterView
+from gpusizer.fleet import Fleet
 from gpusizer.memory import Memory
 from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
 from gpusizer.report.turn import Outcome
 from gpusizer.report.writer import WorkloadGone
 from gpusizer.signals.snapshot import Snapshot
-from gpusizer.workload import Workload
+from gpusizer.workload import Turns, Workload
 
-from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, services
+from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, services, steps_taken
 
 
 def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None:
@@ -42,7 +43,7 @@ def test_a_workload_changed_when_a_pod_it_read_moved_or_its_spec_changed() -> No
     moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-0")}))
     assert not workload.changed(still)
     assert workload.changed(moved)
-    raw["metadata"]["generation"] = 4  # kopf keeps the body current from the watch
+    raw["metadata"]["generation"] = 4  # the body of a later event
     assert workload.changed(still)
 
 
@@ -51,16 +52,9 @@ def test_an_activator_record_that_changed_asks_for_a_turn_at_once() -> None:
     logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
     workload = Workload("ns", "chat", body, logger)
     record = {"activator.gpusizer.io/a-1": '{"pending": 1}'}
-    workload.activator_pushed({"gpusizer.io/paused": "false", **record})
-    assert workload.nudge.take()
-    workload.activator_pushed({"other": "changed", **record})
-    assert not workload.nudge.take(), "the same records: no turn"
-    workload.activator_pushed({})
-    assert workload.nudge.take(), "a record gone (nothing held any more) is news too"
-
-
-async def no_fetch() -> Cycle:
-    raise AssertionError("cycles are published by the test")
+    assert workload.activator_pushed({"gpusizer.io/paused": "false", **record})
+    assert not workload.activator_pushed({"other": "changed", **record}), "the same records"
+    assert workload.activator_pushed({}), "a record gone (nothing held any more) is news too"
 
 
 class FirstWriteWaits:
@@ -116,32 +110,27 @@ def mode_off(raw: dict[str, Any]) -> CountedWorkload:
 
 
 def following(
-    workload: Workload, clock: CycleClock, stop: asyncio.Future[None], writer: StatusSink
-) -> asyncio.Task[None]:
-    return asyncio.create_task(
-        workload.follow(
-            clock,
-            stop,
-            ClusterView({}, {}),
-            services(FakeMetrics(), FakeTargets()),  # mode Off reads and writes nothing
-            Memory(),
-            writer,
-        )
-    )
+    workload: Workload, writer: StatusSink, decide_every: int = 1
+) -> tuple[Fleet[Workload], asyncio.Task[None]]:
+    """A fleet of `workload` alone, taking its turns; cycles are published by the test."""
+    fleet: Fleet[Workload] = Fleet(CycleClock(never_fetched, period_seconds=3600), decide_every)
+    fleet.join(workload)
+    # mode Off reads and writes nothing but its status
+    turns = Turns(ClusterView({}, {}), services(FakeMetrics(), FakeTargets()), Memory(), writer)
+    return fleet, asyncio.create_task(fleet.run(turns.decide, turns.report))
 
 
 async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits() -> None:
     # a cycle's snapshot is megabytes at 5,000 workloads; decisions waiting for their status
     # writes, or for the next cycle, each kept the one they had decided on
-    clock = CycleClock(no_fetch, period_seconds=3600)
     workload = mode_off({})
     writer = FirstWriteWaits()
-    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    fleet, task = following(workload, writer)
+    clock = fleet._clock
     clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
-    task = following(workload, clock, stop, writer)
     await asyncio.wait_for(writer.writing.wait(), timeout=10)
-    assert clock._latest is not None
-    first = weakref.ref(clock._latest)
+    assert clock.latest is not None
+    first = weakref.ref(clock.latest)
     clock.publish(Cycle(Snapshot(time=2.0), autoscalers={}))
     gc.collect()
     assert first() is None, "kept while its status was written"
@@ -149,36 +138,32 @@ async def test_a_workload_keeps_no_cycle_while_its_status_is_written_or_it_waits
     writer.release.set()
     # the second decision, on cycle 2; it waits for cycle 3 by the time this resumes
     await asyncio.wait_for(workload.decided_twice.wait(), timeout=10)
-    assert clock._latest is not None
-    second = weakref.ref(clock._latest)
+    assert clock.latest is not None
+    second = weakref.ref(clock.latest)
     clock.publish(Cycle(Snapshot(time=3.0), autoscalers={}))
     gc.collect()
     assert second() is None, "kept while waiting for the next cycle"
-
-    stop.set_result(None)
-    await asyncio.wait_for(task, timeout=10)
+    task.cancel()
     ready = next(c for c in writer.patches[0]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "ModeOff"  # it did decide, and wrote what it decided
 
 
 async def test_a_spec_change_is_decided_on_at_the_next_read_after_its_event() -> None:
-    clock = CycleClock(no_fetch, period_seconds=3600, decide_every=100)
     raw: dict[str, Any] = {}
     workload = mode_off(raw)
-    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    fleet, task = following(workload, FakeStatus(), decide_every=100)
+    clock = fleet._clock
     clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
-    task = following(workload, clock, stop, FakeStatus())
     await asyncio.wait_for(workload.decided_once.wait(), timeout=10)
     clock.publish(Cycle(Snapshot(time=2.0), autoscalers={}))  # nothing changed: not asked
     for _ in range(10):  # more passes of the loop than a turn takes
-        await asyncio.sleep(0)
+        await steps_taken()
     assert workload.decisions == 1
-    raw["metadata"]["generation"] = 2  # kopf keeps the body current from the watch
-    clock.touch(workload.key)  # and the event handler says so
+    raw["metadata"]["generation"] = 2  # the body of its latest event
+    fleet.touch(workload.key)  # and the event handler says so
     clock.publish(Cycle(Snapshot(time=3.0), autoscalers={}))
     await asyncio.wait_for(workload.decided_twice.wait(), timeout=10)
-    stop.set_result(None)
-    await asyncio.wait_for(task, timeout=10)
+    task.cancel()
 
 
 class GoneWriter:
@@ -192,20 +177,14 @@ class GoneWriter:
         raise WorkloadGone("HTTP 404 Not Found")
 
 
-async def test_a_workload_found_gone_takes_no_more_turns() -> None:
-    clock = CycleClock(no_fetch, period_seconds=3600)
+async def test_a_workload_found_gone_leaves_the_fleet() -> None:
     writer = GoneWriter()
-    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
-    await asyncio.wait_for(
-        mode_off({}).follow(
-            clock,
-            never,
-            ClusterView({}, {}),
-            services(FakeMetrics(), FakeTargets()),
-            Memory(),
-            writer,
-        ),
-        timeout=10,
-    )
+    workload = mode_off({})
+    fleet, task = following(workload, writer)
+    fleet._clock.publish(Cycle(Snapshot(time=1.0), autoscalers={}))
+    await asyncio.wait_for(workload.decided_once.wait(), timeout=10)
+    for _ in range(10):
+        await steps_taken()
+    task.cancel()
     assert writer.patches == 1
+    assert fleet.get(workload.key) is None and fleet._clock.listeners == 0
