@@ -2,8 +2,8 @@
 
 One task starts the fleet's turns. A kopf daemon per workload, waiting on the cycle clock, kept
 a coroutine, futures and their contexts for every workload: about half the heap the census
-walked at 5,000 workloads (bench/README.md, "Heap census"). Here a workload is its state and a
-few index entries, and a task lives only while its turn runs.
+walked at 5,000 workloads (bench/README.md, "the heap at 5,000, owner by owner"). Here a
+workload is its state and a few index entries, and a task lives only while its turn runs.
 
 A workload takes a turn on every `decide_every`-th cycle (one sync period's worth of reads) and
 on any cycle in which it changed: a pod it read moved, or an event of its object came and its

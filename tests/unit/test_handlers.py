@@ -60,7 +60,7 @@ def test_settings_read_as_the_command_line_does_unless_told_otherwise() -> None:
 
 def test_workloads_take_their_turns_in_the_fleet_not_in_kopf_daemons_or_timers() -> None:
     """A daemon per workload kept a task, futures and their contexts for each: about half
-    the heap at 5,000 workloads (bench/README.md, "Heap census")."""
+    the heap at 5,000 workloads (bench/README.md, "the heap at 5,000, owner by owner")."""
     registry = registered(sync_period_seconds=7)
     spawned = [h for h in registry._spawning.get_all_handlers() if h.selector.any_name == PLURAL]
     assert spawned == []
