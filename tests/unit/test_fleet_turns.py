@@ -228,7 +228,10 @@ async def test_no_cycle_is_kept_while_a_status_is_written_or_turns_wait() -> Non
     async with running(fleet, turns):
         fleet._clock.publish(cycle(1))
         await asyncio.wait_for(turns.reporting.wait(), timeout=10)
-        first = weakref.ref(fleet._clock.latest)  # type: ignore[arg-type]
+        latest = fleet._clock.latest
+        assert latest is not None
+        first = weakref.ref(latest)
+        del latest
         fleet._clock.publish(cycle(2))
         gc.collect()
         assert first() is None

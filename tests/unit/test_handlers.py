@@ -273,7 +273,9 @@ async def test_the_deletion_of_an_old_object_leaves_the_one_created_again_under_
     assert workload is not None and workload.uid == "u2"
 
 
-async def test_a_replica_taking_over_drops_those_deleted_while_it_was_paused() -> None:
+async def test_a_replica_taking_over_drops_those_deleted_while_it_was_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """kopf lists again when it resumes a paused replica's watches, and never says what the
     new list lacks: such a workload would write its target before finding itself gone."""
     listed: list[list[str]] = []
@@ -288,7 +290,7 @@ async def test_a_replica_taking_over_drops_those_deleted_while_it_was_paused() -
         body = kopf.Body({"metadata": {"name": name, "namespace": "ns", "uid": uid}})
         memo.saw("ns", name, body, kopf.LocalObjectLogger(body=body, settings=settings))
     nudged: list[tuple[str, str]] = []
-    memo.fleet.nudge = nudged.append  # type: ignore[method-assign]
+    monkeypatch.setattr(memo.fleet, "nudge", nudged.append)
     memo.took_over(PrometheusHealth(), None)
     assert memo.fleet.held, "no turn starts before the list says who exists"
     assert memo.confirming is not None
