@@ -49,3 +49,82 @@ async def test_a_failed_fetch_is_not_cached() -> None:
     with pytest.raises(RuntimeError):
         await cache.get(None)
     assert await cache.get(None) == 2
+
+
+async def loop_passes(count: int) -> None:
+    """Lets the event loop run `count` times: a fetch that does not block starts, returns,
+    and its done-callback runs within three."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_a_stale_reading_is_served_while_its_refresh_runs() -> None:
+    clock = [0.0]
+    calls = 0
+    release = asyncio.Event()
+
+    async def fetch(key: None) -> str:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await release.wait()
+        return f"read at {clock[0]}"
+
+    cache: PeriodicCache[None, str] = PeriodicCache(
+        fetch, 10.0, clock=lambda: clock[0], serve_stale=True
+    )
+    assert await cache.get(None) == "read at 0.0"  # the first reading is waited for
+    clock[0] = 12.0
+    served = [asyncio.create_task(cache.get(None)) for _ in range(20)]
+    await asyncio.sleep(0)  # one pass of the loop: every get runs; the refresh blocks
+    assert all(t.done() for t in served)
+    assert {t.result() for t in served} == {"read at 0.0"}
+    release.set()
+    await loop_passes(3)  # the refresh returns; its reading is kept
+    assert await cache.get(None) == "read at 12.0" and calls == 2
+
+
+async def test_a_refresh_that_fails_keeps_the_reading_says_so_and_is_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = [0.0]
+    outcomes: list[str | None] = ["first", None, "third"]  # None: the fetch raises
+
+    async def fetch(key: None) -> str:
+        outcome = outcomes.pop(0)
+        if outcome is None:
+            raise RuntimeError("prometheus went away")
+        return outcome
+
+    cache: PeriodicCache[None, str] = PeriodicCache(
+        fetch, 10.0, clock=lambda: clock[0], serve_stale=True, what="the ledger"
+    )
+    assert await cache.get(None) == "first"
+    clock[0] = 11.0
+    assert await cache.get(None) == "first"  # starts the refresh that fails
+    await loop_passes(3)  # the refresh fails
+    assert "refreshing the ledger" in caplog.text and "prometheus went away" in caplog.text
+    assert await cache.get(None) == "first"  # starts the next refresh
+    await loop_passes(3)
+    assert await cache.get(None) == "third" and not outcomes
+
+
+async def test_without_serve_stale_a_caller_past_the_period_waits_for_the_refresh() -> None:
+    clock = [0.0]
+    release = asyncio.Event()
+    reads = iter(["old", "new"])
+
+    async def fetch(key: None) -> str:
+        value = next(reads)
+        if value == "new":
+            await release.wait()
+        return value
+
+    cache: PeriodicCache[None, str] = PeriodicCache(fetch, 10.0, clock=lambda: clock[0])
+    assert await cache.get(None) == "old"
+    clock[0] = 11.0
+    waiting = asyncio.create_task(cache.get(None))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    release.set()
+    assert await waiting == "new"

@@ -122,7 +122,9 @@ class SnapshotReader:
 
 class HistoryCache:
     """Measured use over a window for every pod, read at most once per `period_seconds` per
-    window: right-sizing needs it far less often than the replica signals."""
+    window: right-sizing needs it far less often than the replica signals. Past its period
+    the reading goes on being used until its refresh lands (its `time` says when it was
+    taken), so no turn waits for the window's read but the first."""
 
     def __init__(
         self,
@@ -134,7 +136,7 @@ class HistoryCache:
         self._source = source
         self._wall = wall  # when a window ends
         self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
-            self._fetch, period_seconds, clock
+            self._fetch, period_seconds, clock, serve_stale=True, what="the usage over a window"
         )
 
     async def _fetch(self, window: int) -> UsageHistory:
@@ -166,7 +168,8 @@ async def read_ledger(source: MetricsSource) -> tuple[list[LedgerRow], list[str]
 
 
 class LedgerCache:
-    """Every workload's ledger, read at most once per `period_seconds` for all of them."""
+    """Every workload's ledger, read at most once per `period_seconds` for all of them, the
+    previous one used while it is read again."""
 
     def __init__(
         self,
@@ -176,7 +179,7 @@ class LedgerCache:
     ) -> None:
         self._source = source
         self._cache: PeriodicCache[None, dict[tuple[str, str], list[LedgerRow]]] = PeriodicCache(
-            self._fetch, period_seconds, clock
+            self._fetch, period_seconds, clock, serve_stale=True, what="the savings ledger"
         )
 
     async def _fetch(self, _: None) -> dict[tuple[str, str], list[LedgerRow]]:
