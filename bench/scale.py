@@ -101,6 +101,7 @@ BROKEN_DOWN = {  # series -> (label, prefix of its values in the per-cycle break
     "gpusizer_status_writes_total": ("field", "status."),
     "gpusizer_snapshot_duration_seconds_count": ("read", "reads."),
     "gpusizer_snapshot_duration_seconds_sum": ("read", "reads."),  # not per cycle: see read_s
+    "gpusizer_reconcile_duration_seconds_bucket": ("le", "turns.le."),  # not per cycle either
 }
 
 
@@ -499,9 +500,18 @@ def measure(
         "per_cycle": {
             key.split(":", 1)[1]: round(delta(key) / cycles, 2)
             for key in sorted(m1)
-            if ":" in key and not key.split(":", 1)[0].endswith("_sum") and cycles and delta(key)
+            if ":" in key
+            and not key.split(":", 1)[0].endswith(("_sum", "_bucket"))
+            and cycles
+            and delta(key)
         },
         "reconcile_ms": round(reconcile_ms, 2),
+        # the share of the window's turns that took over a second
+        "turns_over_1s": round(
+            1 - delta("gpusizer_reconcile_duration_seconds_bucket:turns.le.1.0") / decisions, 4
+        )
+        if decisions
+        else math.nan,
         "samples": len(samples),
         "missed": [n for n in samples if n not in written_at],
         "window_s": round(t1 - t0, 1),
