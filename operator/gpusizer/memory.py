@@ -6,9 +6,12 @@ lives in the status and on the target.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel
 
 from gpusizer.actuate.target_view import TargetView
 from gpusizer.api.v1alpha1 import TargetRef, WorkloadSizingSpec
@@ -17,14 +20,26 @@ from gpusizer.signals.parse import Problem
 from gpusizer.throughput import ThroughputBook
 from gpusizer.vocabulary import Reason
 
+# the sections of a spec that many workloads have alike; the targetRef is each one's own
+SHARED_SECTIONS = ("replicas", "scale_to_zero", "metrics", "right_sizing")
+
 
 class SpecCache:
     """Each workload's spec as validated at its generation: the API server bumps the
     generation at every change of the spec, so validating once per generation suffices, and
-    validating every spec every turn was a large share of a decision (bench/README.md)."""
+    validating every spec every turn was a large share of a decision (bench/README.md).
+
+    Equal parts of different specs (their replicas, metrics, scale-to-zero and right-sizing
+    sections) are one shared object: most workloads of a fleet leave most of them at their
+    defaults or copy them from one manifest, and each spec's own was most of its size
+    (bench/README.md, "specs that share their parts"). The parts are frozen models."""
 
     def __init__(self) -> None:
         self._specs: dict[tuple[str, str], tuple[int, WorkloadSizingSpec]] = {}
+        # each part once, by its section and its JSON, for as long as a spec holds it
+        self._parts: weakref.WeakValueDictionary[tuple[str, str], BaseModel] = (
+            weakref.WeakValueDictionary()
+        )
 
     def get(
         self, namespace: str, name: str, generation: int | None, raw: Mapping[str, Any]
@@ -33,10 +48,17 @@ class SpecCache:
         known = self._specs.get((namespace, name))
         if known is not None and generation is not None and known[0] == generation:
             return known[1]
-        spec = WorkloadSizingSpec.model_validate(raw)
+        spec = self._sharing_parts(WorkloadSizingSpec.model_validate(raw))
         if generation is not None:
             self._specs[(namespace, name)] = (generation, spec)
         return spec
+
+    def _sharing_parts(self, spec: WorkloadSizingSpec) -> WorkloadSizingSpec:
+        shared = {}
+        for section in SHARED_SECTIONS:
+            part: BaseModel = getattr(spec, section)
+            shared[section] = self._parts.setdefault((section, part.model_dump_json()), part)
+        return spec.model_copy(update=shared)
 
     def forget(self, namespace: str, name: str) -> None:
         self._specs.pop((namespace, name), None)
