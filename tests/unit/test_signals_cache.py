@@ -7,6 +7,8 @@ import asyncio
 import pytest
 from gpusizer.signals.cache import PeriodicCache
 
+from tests.fakes import steps_taken
+
 
 async def test_concurrent_callers_share_one_fetch_until_it_goes_stale() -> None:
     clock = [0.0]
@@ -51,11 +53,12 @@ async def test_a_failed_fetch_is_not_cached() -> None:
     assert await cache.get(None) == 2
 
 
-async def loop_passes(count: int) -> None:
-    """Lets the event loop run `count` times: a fetch that does not block starts, returns,
-    and its done-callback runs within three."""
-    for _ in range(count):
-        await asyncio.sleep(0)
+async def serves(cache: PeriodicCache[None, str], reading: str) -> None:
+    """Returns once `cache` serves `reading`: its refresh has landed. Fails, rather than
+    hangs, if it never does."""
+    async with asyncio.timeout(5):
+        while await cache.get(None) != reading:
+            await steps_taken()
 
 
 async def test_a_stale_reading_is_served_while_its_refresh_runs() -> None:
@@ -76,12 +79,12 @@ async def test_a_stale_reading_is_served_while_its_refresh_runs() -> None:
     assert await cache.get(None) == "read at 0.0"  # the first reading is waited for
     clock[0] = 12.0
     served = [asyncio.create_task(cache.get(None)) for _ in range(20)]
-    await asyncio.sleep(0)  # one pass of the loop: every get runs; the refresh blocks
+    await steps_taken()  # every get has run; the refresh blocks
     assert all(t.done() for t in served)
     assert {t.result() for t in served} == {"read at 0.0"}
     release.set()
-    await loop_passes(3)  # the refresh returns; its reading is kept
-    assert await cache.get(None) == "read at 12.0" and calls == 2
+    await serves(cache, "read at 12.0")
+    assert calls == 2
 
 
 async def test_a_refresh_that_fails_keeps_the_reading_says_so_and_is_tried_again(
@@ -102,11 +105,13 @@ async def test_a_refresh_that_fails_keeps_the_reading_says_so_and_is_tried_again
     assert await cache.get(None) == "first"
     clock[0] = 11.0
     assert await cache.get(None) == "first"  # starts the refresh that fails
-    await loop_passes(3)  # the refresh fails
+    async with asyncio.timeout(5):
+        while not caplog.records:
+            await steps_taken()
     assert "refreshing the ledger" in caplog.text and "prometheus went away" in caplog.text
     assert await cache.get(None) == "first"  # starts the next refresh
-    await loop_passes(3)
-    assert await cache.get(None) == "third" and not outcomes
+    await serves(cache, "third")
+    assert not outcomes
 
 
 async def test_without_serve_stale_a_caller_past_the_period_waits_for_the_refresh() -> None:
@@ -124,7 +129,7 @@ async def test_without_serve_stale_a_caller_past_the_period_waits_for_the_refres
     assert await cache.get(None) == "old"
     clock[0] = 11.0
     waiting = asyncio.create_task(cache.get(None))
-    await asyncio.sleep(0)
+    await steps_taken()
     assert not waiting.done()
     release.set()
     assert await waiting == "new"
