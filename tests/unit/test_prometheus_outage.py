@@ -31,7 +31,7 @@ from gpusizer.signals.health import (
 )
 from gpusizer.signals.parse import PodSamples, Problem, Sample
 from gpusizer.signals.queries import GPU_UTIL, request_rate_signal
-from gpusizer.signals.reader import SnapshotReader
+from gpusizer.signals.reader import SnapshotReader, read_full
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.startup import Runtime
 from gpusizer.timefmt import iso
@@ -696,3 +696,58 @@ async def test_samples_gone_stale_while_prometheus_was_out_are_its_tail_not_the_
     for t in range(0, int(SETTLE_SECONDS) + 20, int(SYNC)):  # stale for longer: its own
         await fleet.period(back + 40 + t, prometheus_up=True, age=35 + t)
     assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}
+
+
+async def test_one_query_timing_out_while_the_rest_answer_writes_nothing_while_fresh() -> None:
+    """At 10,000 workloads a busy Prometheus let one query of a read time out: every workload
+    said its metrics lost and back, an Event and a status write each way, keeping it busy
+    (bench/README.md, "Issue 29"). The samples of the read before stand in while fresh; a
+    failure outlasting them is said once each way."""
+    fleet = Fleet(size=20)
+    timed_out = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
+    pods = [p for ps in fleet.pods.values() for p in ps]
+    last: list[Snapshot] = []
+
+    async def period(now: float, util_answers: bool) -> None:
+        answers: dict[str, PodSamples | Problem] = {
+            name: dataclasses.replace(samples, read_at=now)
+            for name, samples in snapshot(70.0, pods).signals.items()
+        }
+        if not util_answers:
+            answers[GPU_UTIL] = timed_out
+        fleet.metrics.answers = answers
+        read = await read_full(fleet.metrics, [Server.VLLM], last=last[-1] if last else None)
+        read = dataclasses.replace(read, time=now)
+        last.append(read)
+        cycle = Cycle(
+            read, autoscalers={}, workloads=fleet.size, prometheus=fleet.health.observe(read)
+        )
+        await fleet.decide(cycle, now)
+
+    t = NOW
+    while t < NOW + 60:
+        await period(t, util_answers=True)
+        t += SYNC
+    start = t
+    while t < start + 60:  # shorter than maxSampleAgeSeconds (90)
+        await period(t, util_answers=False)
+        t += SYNC
+    assert fleet.metrics_flips(start) == [] and [e for e in fleet.events if e[0] >= start] == []
+    assert fleet.health.state.outage is None, "not an outage of Prometheus"
+
+    while t < start + 150:  # the samples it holds go stale: the failure is said
+        await period(t, util_answers=False)
+        t += SYNC
+    end = t
+    while t < end + 30:
+        await period(t, util_answers=True)
+        t += SYNC
+    for name in fleet.names:
+        assert transitions(fleet, name, start) == ["False", "True"], name
+    lost = [c for _, _, patch in fleet.patches for c in patch.get("conditions") or []]
+    reasons = {
+        c["reason"] for c in lost if c["type"] == "MetricsAvailable" and c["status"] == "False"
+    }
+    assert reasons == {Reason.PROMETHEUS_UNREACHABLE.value}
+    said = Counter(reason for when, _, reason in fleet.events if when >= start)
+    assert said == {"MetricsUnavailable": fleet.size, "MetricsRecovered": fleet.size}

@@ -355,3 +355,22 @@ def test_request_rate_is_zero_without_ready_pods_and_unknown_when_unread() -> No
     assert down.signals.request_rate is None
     tgi = workload_signals(spec(server="tgi"), [pod("a")], llm_snapshot(None, samples({})), NOW)
     assert tgi.signals.request_rate is None  # TGI exports no served-request counter
+
+
+TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
+
+
+def test_held_samples_count_while_fresh_then_say_the_failure() -> None:
+    """Samples a later read could not replace (its query timed out) age from when they were
+    read: known while fresh, and the failure, not their staleness, said after."""
+    held = dataclasses.replace(read_at(NOW - 20, {"a": 80}, age=5), held=TIMED_OUT)
+    snap = snapshot(gpu=held, queue=read_at(NOW, {"a": 2}))
+    known = workload_signals(spec(maxSampleAgeSeconds=30), [pod("a")], snap, NOW)
+    assert known.problems == () and known.signals.gpu_utilization == 80
+    assert known.sample_age_seconds == 25
+    late = workload_signals(spec(maxSampleAgeSeconds=30), [pod("a")], snap, NOW + 6)
+    assert [(p.signal, p.reason) for p in late.problems] == [
+        ("gpuUtilization", Reason.PROMETHEUS_UNREACHABLE)
+    ]
+    assert "timed out" in late.problems[0].message
+    assert "maxSampleAgeSeconds 30" in late.problems[0].message

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.signals.health import failed_whole
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, MOVE_MARGIN_SECONDS, queue_signal
-from gpusizer.signals.reader import SnapshotReader, read_moved
+from gpusizer.signals.reader import SnapshotReader, read_full, read_moved
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
 
@@ -161,3 +162,66 @@ async def test_an_outage_inside_the_memory_period_is_an_outage() -> None:
     failing = await reader.read()
     assert failing.signals[MEMORY] is memory  # still carried
     assert failed_whole(failing) == metrics.down
+
+
+TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
+
+
+async def test_a_replica_signal_unanswered_keeps_the_last_samples_marked_why() -> None:
+    """A query that times out while the rest of the read answered stands on the read before:
+    each workload decides on those samples while they are fresh (signals.join)."""
+    now = [0.0]
+    util = PodSamples(samples={("ns", "a"): Sample(50, 1)}, read_at=1000.0)
+    queue = PodSamples(samples={("ns", "a"): Sample(3, 1)}, read_at=1000.0)
+    metrics = FakeMetrics(answers={GPU_UTIL: util, queue_signal(Server.VLLM): queue})
+    reader = SnapshotReader(metrics, Server, 5, monotonic=lambda: now[0])
+    await reader.read()
+    metrics.answers[GPU_UTIL] = TIMED_OUT
+    now[0] += 5
+    held = await reader.read()
+    assert GPU_UTIL not in held.errors and failed_whole(held) is None
+    kept = held.signals[GPU_UTIL]
+    assert kept.samples == util.samples and kept.read_at == 1000.0 and kept.held == TIMED_OUT
+    now[0] += 5
+    again = await reader.read()  # held again, from the same read
+    assert again.signals[GPU_UTIL].read_at == 1000.0 and again.signals[GPU_UTIL].held
+    metrics.answers[GPU_UTIL] = util
+    now[0] += 5
+    answered = await reader.read()
+    assert answered.signals[GPU_UTIL] is util
+
+
+@pytest.mark.parametrize(
+    "failure, everything_fails",
+    [
+        (Problem(Reason.QUERY_ERROR, "HTTP Status Code 400: bad_data"), False),  # refused
+        (TIMED_OUT, True),  # an outage: signals.health says it, once for the fleet
+    ],
+)
+async def test_a_refused_query_or_an_outage_holds_nothing(
+    failure: Problem, everything_fails: bool
+) -> None:
+    now = [0.0]
+    util = PodSamples(samples={("ns", "a"): Sample(50, 1)}, read_at=1000.0)
+    metrics = FakeMetrics(answers={GPU_UTIL: util})
+    reader = SnapshotReader(metrics, Server, 5, monotonic=lambda: now[0])
+    await reader.read()
+    if everything_fails:
+        metrics.down = failure
+    else:
+        metrics.answers[GPU_UTIL] = failure
+    now[0] += 5
+    failing = await reader.read()
+    assert failing.errors[GPU_UTIL] == failure and GPU_UTIL not in failing.signals
+    assert (failed_whole(failing) is not None) is everything_fails
+
+
+async def test_memory_unanswered_is_not_held() -> None:
+    # it sizes slices and no decision ages it: a failed read of it stays failed
+    memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)}, read_at=1000.0)
+    metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
+    reader = SnapshotReader(metrics, Server, 5, monotonic=lambda: 0.0)
+    first = await reader.read()
+    metrics.answers[MEMORY] = TIMED_OUT
+    second = await read_full(metrics, Server, last=first)
+    assert second.errors[MEMORY] == TIMED_OUT and MEMORY not in second.signals

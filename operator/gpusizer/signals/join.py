@@ -109,6 +109,15 @@ def _fleet_value(
             missing.append(pod.name)
             continue
         age = sample.age
+        if samples.held is not None:  # from a read before the one that failed: aged since
+            age += now - _read_at(samples, now)
+            if age > max_age:
+                return [], SignalProblem(
+                    name,
+                    samples.held.reason,
+                    f"{samples.held.message} (the samples read before are past "
+                    f"maxSampleAgeSeconds {max_age:g})",
+                )
         if age > max_age:
             return [], SignalProblem(
                 name,

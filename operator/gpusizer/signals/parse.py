@@ -45,6 +45,9 @@ class PodSamples:
     # when Prometheus answered the read that lists every pod with the signal (None: at the
     # decision): a pod turned ready since may not be in it yet
     read_at: float | None = None
+    # why a later read did not replace these samples: its query went unanswered, and they
+    # stand in for it while they are fresh (reader.read_full, join)
+    held: Problem | None = None
 
 
 def parse_number(raw: Any) -> float | None:
@@ -203,4 +206,4 @@ def merged(base: PodSamples, update: PodSamples) -> PodSamples:
     samples.update(update.samples)
     problems = {k: v for k, v in base.problems.items() if k not in update.samples}
     problems.update(update.problems)
-    return PodSamples(samples=samples, problems=problems, read_at=base.read_at)
+    return PodSamples(samples=samples, problems=problems, read_at=base.read_at, held=base.held)

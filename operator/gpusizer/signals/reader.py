@@ -26,19 +26,26 @@ from gpusizer.signals.queries import (
 )
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.signals.usage import UsageHistory
+from gpusizer.vocabulary import Reason
 
 
 async def read_full(
-    source: MetricsSource, servers: Iterable[Server], slow_from: Snapshot | None = None
+    source: MetricsSource,
+    servers: Iterable[Server],
+    slow_from: Snapshot | None = None,
+    last: Snapshot | None = None,
 ) -> Snapshot:
     """Every signal for every pod: a constant number of queries, whatever the workload count.
     With `slow_from`, the signals that size slices rather than replicas (SLOW_SIGNALS) are
-    taken from it instead of read again."""
+    taken from it instead of read again. With `last`, a replica signal whose query went
+    unanswered while others answered keeps `last`'s samples (`_held`)."""
     queries = full_read_queries(servers)
     if slow_from is not None:
         queries = {name: q for name, q in queries.items() if name not in SLOW_SIGNALS}
     snap = Snapshot(time=time.time())
     snap.signals, snap.errors = await source.per_pod_batch(queries)
+    if last is not None and snap.signals:
+        _held(snap, last)
     if slow_from is not None:
         for name in SLOW_SIGNALS:
             if name in slow_from.signals:
@@ -47,6 +54,26 @@ async def read_full(
                 snap.errors[name] = slow_from.errors[name]
         snap.carried = SLOW_SIGNALS
     return snap
+
+
+def _held(snap: Snapshot, last: Snapshot) -> None:
+    """A replica signal whose query timed out or found no Prometheus, in a read whose other
+    queries answered, keeps the samples `last` had, marked with the failure: each workload
+    decides on them while they are fresh (its maxSampleAgeSeconds, signals.join) and says the
+    failure after. A Prometheus too busy to answer one query of a read at 10,000 workloads made
+    every workload say its metrics lost and back, an Event and a status write each way, which
+    kept it too busy (bench/README.md, "Issue 29"). A read in which every query failed holds
+    nothing: that is an outage (signals.health), and a query Prometheus refuses is said at once."""
+    for name, problem in list(snap.errors.items()):
+        kept = last.signals.get(name)
+        if (
+            name in REPLICA_SIGNALS
+            and problem.reason is Reason.PROMETHEUS_UNREACHABLE
+            and kept is not None
+        ):
+            read_at = last.time if kept.read_at is None else kept.read_at
+            snap.signals[name] = PodSamples(kept.samples, kept.problems, read_at, held=problem)
+            del snap.errors[name]
 
 
 async def read_moved(source: MetricsSource, base: Snapshot, since_seconds: float) -> Snapshot:
@@ -113,7 +140,7 @@ class SnapshotReader:
             slow_from = latest
             if latest is None or now - self._slow_at >= self._slow_every:
                 self._slow_at, slow_from = now, None
-            latest = await read_full(self._source, self._servers, slow_from)
+            latest = await read_full(self._source, self._servers, slow_from, latest)
         else:
             latest = await read_moved(self._source, latest, since)
         self._latest = latest
