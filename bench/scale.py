@@ -515,6 +515,13 @@ def measure(
         "samples": len(samples),
         "missed": [n for n in samples if n not in written_at],
         "window_s": round(t1 - t0, 1),
+        # each sample's change-to-write and its after-scrape part: a p95 of 30 is the
+        # second-highest, so the spread says more than the two figures
+        "delays_s": {
+            n: [round(written_at[n] - changed_at[n], 2), round(written_at[n] - scraped_at[n], 2)]
+            for n in written_at
+            if n in scraped_at
+        },
     }
     if profile is not None:
         result["profile"] = str(profile)
