@@ -14,7 +14,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import requests
 import yaml
@@ -27,7 +27,8 @@ class PrometheusProxy:
 
     Modes: ``pass`` (forward), ``slow`` (forward after ``delay`` seconds, longer than the
     operator's query timeout), ``status`` (answer ``status_code`` without asking Prometheus),
-    ``garbage`` (200 with a body that is not JSON).
+    ``garbage`` (200 with a body that is not JSON). With ``only``, the mode applies to the
+    queries whose PromQL contains it, and the others pass.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -35,6 +36,7 @@ class PrometheusProxy:
         self.mode = "pass"
         self.delay = 0.0
         self.status_code = 500
+        self.only: str | None = None
         self.served: dict[str, int] = {}
         self._lock = threading.Lock()
         self._release = threading.Event()  # set on shutdown: slow answers end at once
@@ -58,19 +60,23 @@ class PrometheusProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    def set(self, mode: str, *, delay: float = 5.0, status_code: int = 500) -> None:
-        self.mode, self.delay, self.status_code = mode, delay, status_code
+    def set(
+        self, mode: str, *, delay: float = 5.0, status_code: int = 500, only: str | None = None
+    ) -> None:
+        self.mode, self.delay, self.status_code, self.only = mode, delay, status_code, only
 
     def count(self, mode: str) -> int:
         with self._lock:
             return self.served.get(mode, 0)
 
     def _handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
-        mode = self.mode
-        with self._lock:
-            self.served[mode] = self.served.get(mode, 0) + 1
+        mode, only = self.mode, self.only
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else None
+        if only is not None and only not in _promql(req.path, body):
+            mode = "pass"
+        with self._lock:
+            self.served[mode] = self.served.get(mode, 0) + 1
         if mode == "status":
             self._answer(req, self.status_code, b'{"status":"error","error":"proxy fault"}')
             return
@@ -105,6 +111,14 @@ class PrometheusProxy:
         self._release.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+def _promql(path: str, body: bytes | None) -> str:
+    """The query of a Prometheus API request, sent in the URL or as a form."""
+    form = parse_qs(urlsplit(path).query)
+    if body:
+        form.update(parse_qs(body.decode(errors="replace")))
+    return " ".join(form.get("query", []))
 
 
 def _reset(sock: socket.socket) -> None:

@@ -164,6 +164,49 @@ def test_prometheus_garbage_holds_replicas(faults: Faults, workloads: Workloads)
     held_through(faults, workloads, "garbage", {}, {"QueryError"}, "unreadable response")
 
 
+def test_one_query_timing_out_rides_on_the_samples_before_then_says_so(
+    faults: Faults, workloads: Workloads
+) -> None:
+    """Prometheus too busy for one query of each read (the GPU utilisation's) while the others
+    answer is no outage: the workload goes on deciding on the utilisation read before, without
+    holding or writing its condition, while those samples are fresh (maxSampleAgeSeconds 90:
+    each timed-out query takes two 3 s timeouts, moved reads included), and says the failure
+    once they are not."""
+    name = "partial"
+    steady_at_three(workloads, name, metrics={"maxSampleAgeSeconds": 90})
+    op = faults.op
+    before = workloads.condition(name, "MetricsAvailable")
+
+    def failed() -> float:
+        return op.metric("gpusizer_prometheus_query_errors_total", signal="gpu_util")
+
+    holds, decided, failures = (
+        holding_decisions(op, name),
+        op.metric("gpusizer_decisions_total", name=name),
+        failed(),
+    )
+    faults.prometheus.set("slow", delay=5.0, only="DCGM_FI_DEV_GPU_UTIL")
+    wait_until(
+        lambda: (
+            failed() >= failures + 3
+            and op.metric("gpusizer_decisions_total", name=name) >= decided + 3
+        ),
+        60,
+        what="three full reads whose utilisation timed out, and three decisions",
+    )
+    assert holding_decisions(op, name) == holds, "decided on the utilisation read before"
+    assert workloads.condition(name, "MetricsAvailable") == before, "nothing written"
+
+    condition = workloads.wait_condition(
+        name, "MetricsAvailable", "False", "PrometheusUnreachable", timeout=150
+    )
+    assert "timed out" in condition["message"], condition
+    assert "maxSampleAgeSeconds 90" in condition["message"], condition
+    assert workloads.replicas(name) == 3
+    faults.prometheus.set("pass")
+    workloads.wait_condition(name, "MetricsAvailable", "True", timeout=90)
+
+
 def held_through(
     faults: Faults,
     workloads: Workloads,

@@ -36,6 +36,7 @@ from gpusizer.signals.snapshot import Snapshot
 from gpusizer.startup import Runtime
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import Reason
+from prometheus_client import REGISTRY
 
 from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, services, workload
 from tests.unit.test_reconcile import DOWN, NOW, NS, pod, snapshot, spec, target
@@ -698,50 +699,66 @@ async def test_samples_gone_stale_while_prometheus_was_out_are_its_tail_not_the_
     assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}
 
 
+TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
+
+
+def holding_decisions(fleet: Fleet) -> list[bool]:
+    """Whether each workload's last decision was on unknown metrics (it holds its replicas),
+    as the operator's gauge says."""
+    return [
+        REGISTRY.get_sample_value("gpusizer_metrics_available", {"namespace": NS, "name": n}) == 0
+        for n in fleet.names
+    ]
+
+
+@dataclasses.dataclass
+class Partly:
+    """`fleet` read through `read_full` once per SYNC, every query answering but the GPU
+    utilisation's when told to time out."""
+
+    fleet: Fleet
+    last: Snapshot | None = None
+    t: float = NOW
+
+    def now(self) -> float:
+        return self.t
+
+    async def run(self, seconds: float, util_answers: bool) -> float:
+        """Periods for `seconds`; returns when they began."""
+        start, fleet = self.t, self.fleet
+        pods = [p for ps in fleet.pods.values() for p in ps]
+        while self.t < start + seconds:
+            answers: dict[str, PodSamples | Problem] = {
+                name: dataclasses.replace(samples, read_at=self.t)
+                for name, samples in snapshot(70.0, pods).signals.items()
+            }
+            if not util_answers:
+                answers[GPU_UTIL] = TIMED_OUT
+            fleet.metrics.answers = answers
+            read = await read_full(fleet.metrics, [Server.VLLM], last=self.last, wall=self.now)
+            self.last = read
+            prometheus = fleet.health.observe(read)
+            cycle = Cycle(read, autoscalers={}, workloads=fleet.size, prometheus=prometheus)
+            await fleet.decide(cycle, self.t)
+            self.t += SYNC
+        return start
+
+
 async def test_one_query_timing_out_while_the_rest_answer_writes_nothing_while_fresh() -> None:
     """At 10,000 workloads a busy Prometheus let one query of a read time out: every workload
     said its metrics lost and back, an Event and a status write each way, keeping it busy
     (bench/README.md, "Issue 29"). The samples of the read before stand in while fresh; a
-    failure outlasting them is said once each way."""
+    failure outlasting them is said once each way, after the grace."""
     fleet = Fleet(size=20)
-    timed_out = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
-    pods = [p for ps in fleet.pods.values() for p in ps]
-    last: list[Snapshot] = []
-
-    async def period(now: float, util_answers: bool) -> None:
-        answers: dict[str, PodSamples | Problem] = {
-            name: dataclasses.replace(samples, read_at=now)
-            for name, samples in snapshot(70.0, pods).signals.items()
-        }
-        if not util_answers:
-            answers[GPU_UTIL] = timed_out
-        fleet.metrics.answers = answers
-        read = await read_full(fleet.metrics, [Server.VLLM], last=last[-1] if last else None)
-        read = dataclasses.replace(read, time=now)
-        last.append(read)
-        cycle = Cycle(
-            read, autoscalers={}, workloads=fleet.size, prometheus=fleet.health.observe(read)
-        )
-        await fleet.decide(cycle, now)
-
-    t = NOW
-    while t < NOW + 60:
-        await period(t, util_answers=True)
-        t += SYNC
-    start = t
-    while t < start + 60:  # shorter than maxSampleAgeSeconds (90)
-        await period(t, util_answers=False)
-        t += SYNC
+    partly = Partly(fleet)
+    await partly.run(60, util_answers=True)
+    start = await partly.run(60, util_answers=False)  # shorter than maxSampleAgeSeconds (90)
     assert fleet.metrics_flips(start) == [] and [e for e in fleet.events if e[0] >= start] == []
     assert fleet.health.state.outage is None, "not an outage of Prometheus"
+    assert not any(holding_decisions(fleet)), "decided on the samples read before"
 
-    while t < start + 150:  # the samples it holds go stale: the failure is said
-        await period(t, util_answers=False)
-        t += SYNC
-    end = t
-    while t < end + 30:
-        await period(t, util_answers=True)
-        t += SYNC
+    await partly.run(90, util_answers=False)  # the samples it holds go stale: said
+    await partly.run(30, util_answers=True)
     for name in fleet.names:
         assert transitions(fleet, name, start) == ["False", "True"], name
     lost = [c for _, _, patch in fleet.patches for c in patch.get("conditions") or []]
@@ -751,3 +768,20 @@ async def test_one_query_timing_out_while_the_rest_answer_writes_nothing_while_f
     assert reasons == {Reason.PROMETHEUS_UNREACHABLE.value}
     said = Counter(reason for when, _, reason in fleet.events if when >= start)
     assert said == {"MetricsUnavailable": fleet.size, "MetricsRecovered": fleet.size}
+
+
+async def test_a_shared_query_failing_past_its_samples_is_said_after_the_grace() -> None:
+    """Past the samples it held, a failing shared query holds every workload's replicas at
+    once, and its statuses follow as an outage's do: nothing within the grace, then spread."""
+    fleet = Fleet(size=20, spec=spec(metrics={"server": "vllm", "maxSampleAgeSeconds": 10}))
+    partly = Partly(fleet)
+    await partly.run(60, util_answers=True)
+    start = await partly.run(DAMPING.grace_seconds - SYNC, util_answers=False)
+    assert all(holding_decisions(fleet)), "past the samples: replicas held"
+    assert fleet.metrics_flips(start) == [] and [e for e in fleet.events if e[0] >= start] == []
+
+    await partly.run(DAMPING.spread_seconds + 3 * SYNC, util_answers=False)
+    downs = Counter(t for t, _, status in fleet.metrics_flips(start) if status == "False")
+    assert sum(downs.values()) == fleet.size
+    assert min(downs) >= start + DAMPING.grace_seconds
+    assert max(downs.values()) < fleet.size, "not the whole fleet in one round"

@@ -101,6 +101,7 @@ class Report:
         self._damping = damping or OutageDamping()
         self._budget = budget or RefreshBudget()
         self._outage_says_it = False  # MetricsAvailable follows an outage: no Event of its own
+        self._shared_since: float | None = None  # see metrics_condition
         self.events: list[EventIntent] = []
 
     def metrics_condition(
@@ -116,6 +117,12 @@ class Report:
         condition stays as it was."""
         notes = [*restricted]
         reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
+        sinces = [p.shared_since for p in signals.problems]
+        self._shared_since = (
+            min(s for s in sinces if s is not None)
+            if sinces and None not in sinces and not restricted
+            else None
+        )
         state = ConditionState(ConditionType.METRICS_AVAILABLE, True, reason, "; ".join(notes))
         if signals.problems and not decision.metrics_known:
             notes.extend(str(p) for p in signals.problems)
@@ -148,6 +155,10 @@ class Report:
         if shown is None:
             return state
         old, since = shown
+        if state.status is False and old.status is not False:
+            shared = self._shared_since
+            if shared is not None and not self._after_grace(shared):
+                return old  # a shared query failing: said for the fleet, and slowly
         if first_failure and state.status is False and self._prometheus.down is None:
             return old  # an outage that is over says nothing of this failure
         if outage is None:
@@ -185,6 +196,11 @@ class Report:
         workload)."""
         if _condition(self._old_conditions, ConditionType.READY) is None:
             return True
+        return self._after_grace(since)
+
+    def _after_grace(self, since: float) -> bool:
+        """Whether this workload's status says a failure shared by the fleet that began at
+        `since`: once it has lasted the grace, at the workload's offset within the spread."""
         obj = self._obj
         failure = Outage(Problem(Reason.AUTOSCALER_CHECK_FAILED, ""), since)
         return self._damping.shown(failure, obj.namespace, obj.name, self._workloads, self._now)

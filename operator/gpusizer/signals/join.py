@@ -32,6 +32,8 @@ class SignalProblem:
     signal: str  # the user-facing name: gpuUtilization, queue, wakeQuery, activator
     reason: Reason
     message: str
+    # a query shared by every workload, failing since then: said as slowly as an outage
+    shared_since: float | None = None
 
     def __str__(self) -> str:
         return f"{self.signal}: {self.reason.value}: {self.message}"
@@ -117,6 +119,7 @@ def _fleet_value(
                     samples.held.reason,
                     f"{samples.held.message} (the samples read before are past "
                     f"maxSampleAgeSeconds {max_age:g})",
+                    samples.held_since,
                 )
         if age > max_age:
             return [], SignalProblem(

@@ -46,8 +46,10 @@ class PodSamples:
     # decision): a pod turned ready since may not be in it yet
     read_at: float | None = None
     # why a later read did not replace these samples: its query went unanswered, and they
-    # stand in for it while they are fresh (reader.read_full, join)
+    # stand in for it while they are fresh (reader.read_full, join); since when (wall clock of
+    # the first read of the run that failed)
     held: Problem | None = None
+    held_since: float | None = None
 
 
 def parse_number(raw: Any) -> float | None:
@@ -206,4 +208,4 @@ def merged(base: PodSamples, update: PodSamples) -> PodSamples:
     samples.update(update.samples)
     problems = {k: v for k, v in base.problems.items() if k not in update.samples}
     problems.update(update.problems)
-    return PodSamples(samples=samples, problems=problems, read_at=base.read_at, held=base.held)
+    return PodSamples(samples, problems, base.read_at, base.held, base.held_since)

@@ -34,6 +34,7 @@ async def read_full(
     servers: Iterable[Server],
     slow_from: Snapshot | None = None,
     last: Snapshot | None = None,
+    wall: Callable[[], float] = time.time,
 ) -> Snapshot:
     """Every signal for every pod: a constant number of queries, whatever the workload count.
     With `slow_from`, the signals that size slices rather than replicas (SLOW_SIGNALS) are
@@ -42,7 +43,7 @@ async def read_full(
     queries = full_read_queries(servers)
     if slow_from is not None:
         queries = {name: q for name, q in queries.items() if name not in SLOW_SIGNALS}
-    snap = Snapshot(time=time.time())
+    snap = Snapshot(time=wall())
     snap.signals, snap.errors = await source.per_pod_batch(queries)
     if last is not None and snap.signals:
         _held(snap, last)
@@ -62,8 +63,9 @@ def _held(snap: Snapshot, last: Snapshot) -> None:
     decides on them while they are fresh (its maxSampleAgeSeconds, signals.join) and says the
     failure after. A Prometheus too busy to answer one query of a read at 10,000 workloads made
     every workload say its metrics lost and back, an Event and a status write each way, which
-    kept it too busy (bench/README.md, "Issue 29"). A read in which every query failed holds
-    nothing: that is an outage (signals.health), and a query Prometheus refuses is said at once."""
+    kept it too busy (bench/README.md, "Issue 29"); a failure that outlasts the samples is said
+    as slowly as an outage (report.turn). A read in which every query failed holds nothing:
+    that is an outage (signals.health), and a query Prometheus refuses is said at once."""
     for name, problem in list(snap.errors.items()):
         kept = last.signals.get(name)
         if (
@@ -72,7 +74,8 @@ def _held(snap: Snapshot, last: Snapshot) -> None:
             and kept is not None
         ):
             read_at = last.time if kept.read_at is None else kept.read_at
-            snap.signals[name] = PodSamples(kept.samples, kept.problems, read_at, held=problem)
+            since = snap.time if kept.held_since is None else kept.held_since
+            snap.signals[name] = PodSamples(kept.samples, kept.problems, read_at, problem, since)
             del snap.errors[name]
 
 
