@@ -114,7 +114,8 @@ class Report:
         """MetricsAvailable, and a QueryRestricted Warning when a query was confined to its
         namespace: the likely cause of what follows, so it is named first, even while the
         metrics are known. On the first turn whose queries fail (`Memory.first_failure`) the
-        condition stays as it was."""
+        condition stays as it was, and while the only problems are shared queries failing for
+        less than the outage grace (`SignalProblem.shared_since`), too."""
         notes = [*restricted]
         reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
         sinces = [p.shared_since for p in signals.problems]
@@ -202,7 +203,7 @@ class Report:
         """Whether this workload's status says a failure shared by the fleet that began at
         `since`: once it has lasted the grace, at the workload's offset within the spread."""
         obj = self._obj
-        failure = Outage(Problem(Reason.AUTOSCALER_CHECK_FAILED, ""), since)
+        failure = Outage(Problem(Reason.AUTOSCALER_CHECK_FAILED, ""), since)  # only `since` counts
         return self._damping.shown(failure, obj.namespace, obj.name, self._workloads, self._now)
 
     def finish(
