@@ -36,6 +36,9 @@ from gpusizer.signals.queries import PodQuery
 from gpusizer.signals.reader import HistoryCache, LedgerCache
 from gpusizer.vocabulary import Reason
 
+# a query Prometheus did not answer in time, as `PrometheusSource` reports it
+TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
+
 
 @dataclass
 class FakeMetrics:

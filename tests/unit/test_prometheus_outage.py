@@ -38,7 +38,15 @@ from gpusizer.timefmt import iso
 from gpusizer.vocabulary import Reason
 from prometheus_client import REGISTRY
 
-from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, services, workload
+from tests.fakes import (
+    TIMED_OUT,
+    FakeMetrics,
+    FakeStatus,
+    FakeTargets,
+    never_fetched,
+    services,
+    workload,
+)
 from tests.unit.test_reconcile import DOWN, NOW, NS, pod, snapshot, spec, target
 
 SYNC = 5.0
@@ -697,9 +705,6 @@ async def test_samples_gone_stale_while_prometheus_was_out_are_its_tail_not_the_
     for t in range(0, int(SETTLE_SECONDS) + 20, int(SYNC)):  # stale for longer: its own
         await fleet.period(back + 40 + t, prometheus_up=True, age=35 + t)
     assert Counter(e[2] for e in fleet.events) == {"MetricsUnavailable": 5}
-
-
-TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
 
 
 def holding_decisions(fleet: Fleet) -> list[bool]:

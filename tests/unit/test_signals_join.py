@@ -22,6 +22,8 @@ from gpusizer.signals.queries import (
 from gpusizer.signals.snapshot import Snapshot, moved_pods
 from gpusizer.vocabulary import Reason
 
+from tests.fakes import TIMED_OUT
+
 NOW = 1_800_000_000.0
 
 
@@ -355,9 +357,6 @@ def test_request_rate_is_zero_without_ready_pods_and_unknown_when_unread() -> No
     assert down.signals.request_rate is None
     tgi = workload_signals(spec(server="tgi"), [pod("a")], llm_snapshot(None, samples({})), NOW)
     assert tgi.signals.request_rate is None  # TGI exports no served-request counter
-
-
-TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
 
 
 def test_held_samples_count_while_fresh_then_say_the_failure() -> None:

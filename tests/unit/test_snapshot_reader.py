@@ -14,7 +14,7 @@ from gpusizer.signals.reader import SnapshotReader, read_full, read_moved
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
 
-from tests.fakes import FakeMetrics
+from tests.fakes import TIMED_OUT, FakeMetrics
 
 NAN = Problem(Reason.INVALID_VALUE, "value nan is not finite")
 
@@ -162,9 +162,6 @@ async def test_an_outage_inside_the_memory_period_is_an_outage() -> None:
     failing = await reader.read()
     assert failing.signals[MEMORY] is memory  # still carried
     assert failed_whole(failing) == metrics.down
-
-
-TIMED_OUT = Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out: read timeout=10")
 
 
 async def test_a_replica_signal_unanswered_keeps_the_last_samples_marked_why() -> None:

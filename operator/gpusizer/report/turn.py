@@ -6,7 +6,7 @@ something material changed.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from gpusizer.report.status import (
     status_patch,
 )
 from gpusizer.signals.health import SETTLE_SECONDS, Outage, PrometheusState
-from gpusizer.signals.join import WorkloadSignals
+from gpusizer.signals.join import SignalProblem, WorkloadSignals
 from gpusizer.signals.parse import PodKey, Problem
 from gpusizer.timefmt import parse_time
 from gpusizer.vocabulary import ConditionType, EventReason, Reason
@@ -101,7 +101,6 @@ class Report:
         self._damping = damping or OutageDamping()
         self._budget = budget or RefreshBudget()
         self._outage_says_it = False  # MetricsAvailable follows an outage: no Event of its own
-        self._shared_since: float | None = None  # see metrics_condition
         self.events: list[EventIntent] = []
 
     def metrics_condition(
@@ -118,12 +117,6 @@ class Report:
         less than the outage grace (`SignalProblem.shared_since`), too."""
         notes = [*restricted]
         reason = Reason.QUERY_RESTRICTED if restricted else Reason.METRICS_OK
-        sinces = [p.shared_since for p in signals.problems]
-        self._shared_since = (
-            min(s for s in sinces if s is not None)
-            if sinces and None not in sinces and not restricted
-            else None
-        )
         state = ConditionState(ConditionType.METRICS_AVAILABLE, True, reason, "; ".join(notes))
         if signals.problems and not decision.metrics_known:
             notes.extend(str(p) for p in signals.problems)
@@ -134,7 +127,8 @@ class Report:
                 f"{'; '.join(notes)}. Holding replicas: no scale-down or scale to zero on "
                 "unknown metrics",
             )
-        state = self._damped(state, first_failure)
+        shared = None if restricted else _shared_since(signals.problems)
+        state = self._damped(state, first_failure, shared)
         if restricted and flipped(
             self._old_conditions,
             ConditionType.METRICS_AVAILABLE,
@@ -146,20 +140,25 @@ class Report:
             )
         return state
 
-    def _damped(self, state: ConditionState, first_failure: bool) -> ConditionState:
-        """MetricsAvailable around an outage of Prometheus: the False it causes shows only
-        after the grace, and goes back to True at this workload's offset after its end; until
-        then the condition stays as it was. Neither move posts an Event: the outage is said once
-        for the fleet."""
+    def _damped(
+        self, state: ConditionState, first_failure: bool, shared_since: float | None
+    ) -> ConditionState:
+        """MetricsAvailable around an outage of Prometheus, or a query every workload shares
+        failing since `shared_since`: the False it causes shows only after the grace, and goes
+        back to True at this workload's offset after its end; until then the condition stays as
+        it was. Neither move posts an Event: the outage is said once for the fleet."""
         outage = self._prometheus.outage
         shown = _condition(self._old_conditions, ConditionType.METRICS_AVAILABLE)
         if shown is None:
             return state
         old, since = shown
-        if state.status is False and old.status is not False:
-            shared = self._shared_since
-            if shared is not None and not self._after_grace(shared):
-                return old  # a shared query failing: said for the fleet, and slowly
+        if (
+            state.status is False
+            and old.status is not False
+            and shared_since is not None
+            and not self._after_grace(shared_since)
+        ):
+            return old  # a shared query failing: said for the fleet, and slowly
         if first_failure and state.status is False and self._prometheus.down is None:
             return old  # an outage that is over says nothing of this failure
         if outage is None:
@@ -250,6 +249,13 @@ class Report:
             lambda: self._prometheus.down is None and self._budget.take(self._now),
         )
         return Outcome(status_patch=patch, events=self.events, pods=pods)
+
+
+def _shared_since(problems: Sequence[SignalProblem]) -> float | None:
+    """When the earliest of a turn's problems began, if every one is a query shared by the
+    fleet failing (`SignalProblem.shared_since`); None otherwise."""
+    sinces = [p.shared_since for p in problems if p.shared_since is not None]
+    return min(sinces) if sinces and len(sinces) == len(problems) else None
 
 
 def _condition(conditions: Any, type_: ConditionType) -> tuple[ConditionState, float | None] | None:
