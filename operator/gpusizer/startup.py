@@ -19,6 +19,7 @@ import kopf
 from kubernetes import client as k8s
 from prometheus_client import disable_created_metrics, start_http_server
 
+from gpusizer import allocator
 from gpusizer.actuate.routes import Routes
 from gpusizer.actuate.targets import Targets
 from gpusizer.api.v1alpha1 import Server
@@ -286,6 +287,7 @@ def start(
     runtime.tasks.append(
         asyncio.create_task(sweep.run(view.pods_by_namespace, functools.partial(pod_uids, client)))
     )
+    runtime.tasks.append(asyncio.create_task(allocator.give_back_every()))
     if config.peering:
         runtime.tasks.append(
             asyncio.create_task(lead(config, client, peering_priority, runtime, health))
