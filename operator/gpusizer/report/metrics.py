@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -235,110 +235,115 @@ class WorkloadCollector(Collector):
         return series
 
     def describe(self) -> Iterable[Metric]:
-        yield from self._families()
-        for name, doc in _GAUGE_HELP.items():
-            yield GaugeMetricFamily(name, doc, labels=self.LABELS)
-        for name, doc in HELD_COUNTERS.items():
-            yield CounterMetricFamily(name, doc, labels=self.LABELS)
-        for name, doc in LEDGER_GAUGES.items():
-            yield GaugeMetricFamily(name, doc, labels=[*self.LABELS, "window", "basis"])
+        for family, _ in _empty_families():
+            yield family
 
-    def collect(self) -> Iterable[Metric]:
-        # copied under the lock, built outside it: building the families of thousands of
-        # workloads would hold up every decision of the event loop (bench/README.md)
+    def collect(self) -> Iterator[Metric]:
+        """Family by family, each filled when the exposition comes to it and let go once
+        written: every family's samples at once were the largest share of what a scrape
+        allocated at 5,000 workloads, and the operator's RSS keeps its largest burst
+        (bench/README.md, "Issue 29: what the bursts leave resident"). The series are
+        copied under the lock and the families built outside it: building them for thousands
+        of workloads would hold up every decision of the event loop (bench/README.md)."""
         with self._lock:
             copies = [(key, series.copy()) for key, series in self._series.items()]
-        decisions, desired, current, known, writes, errors, conditions = self._families()
-        for key, series in copies:
-            labels = list(key)
-            if series.desired is not None:
-                desired.add_metric(labels, series.desired)
-                current.add_metric(labels, series.current)
-                known.add_metric(labels, 1 if series.metrics_known else 0)
-            for reason, count in series.decisions.items():
-                decisions.add_metric([*labels, reason], count)
-            for result, count in series.scale_writes.items():
-                writes.add_metric([*labels, result], count)
-            if series.reconcile_errors:
-                errors.add_metric(labels, series.reconcile_errors)
-            for type_, (status, reason) in series.conditions.items():
-                conditions.add_metric([*labels, type_, status, reason], 1)
-        gauges = {n: GaugeMetricFamily(n, h, labels=self.LABELS) for n, h in _GAUGE_HELP.items()}
-        counters = {
-            n: CounterMetricFamily(n, h, labels=self.LABELS) for n, h in HELD_COUNTERS.items()
-        }
-        ledger = {
-            n: GaugeMetricFamily(n, h, labels=[*self.LABELS, "window", "basis"])
-            for n, h in LEDGER_GAUGES.items()
-        }
-        for key, series in copies:
-            labels = list(key)
-            for family, value in series.gauges.items():
-                gauges[family].add_metric(labels, value)
-            for family, value in series.accounted.items():
-                counters[family].add_metric(labels, value)
-            for (family, window, basis), value in series.ledger.items():
-                ledger[family].add_metric([*labels, window, basis], value)
-        return iter(
-            (
-                decisions,
-                desired,
-                current,
-                known,
-                writes,
-                errors,
-                conditions,
-                *gauges.values(),
-                *counters.values(),
-                *ledger.values(),
-            )
-        )
+        for family, samples in _empty_families():
+            for key, series in copies:
+                for extra, value in samples(series):
+                    family.add_metric([*key, *extra], value)
+            yield family
 
-    def _families(
-        self,
-    ) -> tuple[
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        GaugeMetricFamily,
-        GaugeMetricFamily,
-        CounterMetricFamily,
-        CounterMetricFamily,
-        GaugeMetricFamily,
-    ]:
-        return (
-            CounterMetricFamily(
-                "gpusizer_decisions",
-                "Replica decisions made, by outcome reason.",
-                labels=[*self.LABELS, "reason"],
-            ),
-            GaugeMetricFamily(
-                "gpusizer_desired_replicas", "Replicas the operator wants.", labels=self.LABELS
-            ),
-            GaugeMetricFamily(
-                "gpusizer_current_replicas", "Replicas the target has.", labels=self.LABELS
-            ),
-            GaugeMetricFamily(
-                "gpusizer_metrics_available",
-                "1 when every signal the workload needs is known, else 0.",
-                labels=self.LABELS,
-            ),
-            CounterMetricFamily(
-                "gpusizer_scale_writes",
-                "Writes to a target's /scale subresource, by result.",
-                labels=[*self.LABELS, "result"],
-            ),
-            CounterMetricFamily(
-                "gpusizer_reconcile_errors",
-                "Reconcile cycles that ended in an unexpected error.",
-                labels=self.LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpusizer_condition",
-                "1 for each WorkloadSizing condition as it stands, so alerts can match type and "
-                "reason.",
-                labels=[*self.LABELS, "type", "status", "reason"],
-            ),
-        )
+
+# A family's samples of one workload: the label values past namespace and name, and the value.
+Samples = Callable[[WorkloadSeries], Iterable[tuple[tuple[str, ...], float]]]
+
+
+def _decided(value: Callable[[WorkloadSeries], float]) -> Samples:
+    """One sample once the workload was decided, none before."""
+    return lambda series: [((), value(series))] if series.desired is not None else ()
+
+
+def _by(field_of: Callable[[WorkloadSeries], Mapping[str, float]]) -> Samples:
+    return lambda series: (((label,), value) for label, value in field_of(series).items())
+
+
+def _one(field_of: Callable[[WorkloadSeries], Mapping[str, float]], name: str) -> Samples:
+    return lambda series: [((), field_of(series)[name])] if name in field_of(series) else ()
+
+
+def _ledger(name: str) -> Samples:
+    return lambda series: (
+        ((window, basis), value)
+        for (family, window, basis), value in series.ledger.items()
+        if family == name
+    )
+
+
+Family = CounterMetricFamily | GaugeMetricFamily
+
+
+def _empty_families() -> Iterator[tuple[Family, Samples]]:
+    """Each per-workload family, made when reached, with what fills it."""
+    labels = WorkloadCollector.LABELS
+    yield (
+        CounterMetricFamily(
+            "gpusizer_decisions",
+            "Replica decisions made, by outcome reason.",
+            labels=[*labels, "reason"],
+        ),
+        _by(lambda series: series.decisions),
+    )
+    yield (
+        GaugeMetricFamily(
+            "gpusizer_desired_replicas", "Replicas the operator wants.", labels=labels
+        ),
+        _decided(lambda series: series.desired or 0),
+    )
+    yield (
+        GaugeMetricFamily("gpusizer_current_replicas", "Replicas the target has.", labels=labels),
+        _decided(lambda series: series.current),
+    )
+    yield (
+        GaugeMetricFamily(
+            "gpusizer_metrics_available",
+            "1 when every signal the workload needs is known, else 0.",
+            labels=labels,
+        ),
+        _decided(lambda series: 1 if series.metrics_known else 0),
+    )
+    yield (
+        CounterMetricFamily(
+            "gpusizer_scale_writes",
+            "Writes to a target's /scale subresource, by result.",
+            labels=[*labels, "result"],
+        ),
+        _by(lambda series: series.scale_writes),
+    )
+    yield (
+        CounterMetricFamily(
+            "gpusizer_reconcile_errors",
+            "Reconcile cycles that ended in an unexpected error.",
+            labels=labels,
+        ),
+        lambda series: [((), series.reconcile_errors)] if series.reconcile_errors else (),
+    )
+    yield (
+        GaugeMetricFamily(
+            "gpusizer_condition",
+            "1 for each WorkloadSizing condition as it stands, so alerts can match type and "
+            "reason.",
+            labels=[*labels, "type", "status", "reason"],
+        ),
+        lambda series: (
+            ((type_, status, reason), 1) for type_, (status, reason) in series.conditions.items()
+        ),
+    )
+    for name, doc in _GAUGE_HELP.items():
+        yield GaugeMetricFamily(name, doc, labels=labels), _one(lambda s: s.gauges, name)
+    for name, doc in HELD_COUNTERS.items():
+        yield CounterMetricFamily(name, doc, labels=labels), _one(lambda s: s.accounted, name)
+    for name, doc in LEDGER_GAUGES.items():
+        yield GaugeMetricFamily(name, doc, labels=[*labels, "window", "basis"]), _ledger(name)
 
 
 _GAUGE_HELP = {**EFFICIENCY_GAUGES, **HELD_GAUGES}
