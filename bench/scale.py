@@ -610,6 +610,13 @@ def main() -> int:
         "--operator-path",
         help="import gpusizer from this directory (e.g. a worktree's operator/) to compare",
     )
+    p.add_argument(
+        "--operator-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in the operator's environment, not the emulator's (PYTHONMALLOC=malloc)",
+    )
     p.add_argument("--profile", help="py-spy raw profile of each window to FILE.<size>.txt")
     p.add_argument(
         "--census",
@@ -652,6 +659,9 @@ def main() -> int:
             os.environ["GPUSIZER_HEAP_CENSUS"] = str(Path(args.census).resolve())
         if paths:
             os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+        for setting in args.operator_env:  # the cluster and its emulator have started already
+            name, _, value = setting.partition("=")
+            os.environ[name] = value
         # scraped by Prometheus as the chart's ServiceMonitor does (the exposition is work)
         op = Operator(
             cluster,

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, FunctionType, MethodType, ModuleType
@@ -124,7 +127,61 @@ def holders(objects: list[object]) -> dict[str, dict[str, Any]]:
     return result
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+ARENAS_LINE = re.compile(r"^\d+ arenas \* \d+ bytes/arena\s*=\s*([\d,]+)$", re.M)
+BLOCKS_LINE = re.compile(r"^# bytes in (allocated|available) blocks\s*=\s*([\d,]+)$", re.M)
+
+
+def allocators() -> dict[str, Any]:
+    """What each allocator has from the system and what of it is in use: pymalloc's 1 MiB
+    arenas (objects of up to 512 bytes; an arena goes back only once all of it is free) and
+    glibc's heap (the rest). Their gap is memory freed but kept: the part of RSS no walk of
+    live objects finds."""
+    with tempfile.TemporaryFile() as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)  # _debugmallocstats writes to C's stderr
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode()
+    mib = 2**20
+    arenas = ARENAS_LINE.search(text)
+    blocks = {kind: int(value.replace(",", "")) for kind, value in BLOCKS_LINE.findall(text)}
+    result: dict[str, Any] = {
+        "pymalloc": {
+            "arenas_mib": round(int(arenas.group(1).replace(",", "")) / mib, 1) if arenas else 0,
+            "in_use_mib": round(blocks.get("allocated", 0) / mib, 1),
+            "free_in_pools_mib": round(blocks.get("available", 0) / mib, 1),
+        }
+    }
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = _Mallinfo2
+        info = libc.mallinfo2()
+        result["glibc"] = {
+            "heap_mib": round(info.arena / mib, 1),
+            "mmapped_mib": round(info.hblkhd / mib, 1),
+            "in_use_mib": round(info.uordblks / mib, 1),
+            "free_mib": round(info.fordblks / mib, 1),
+        }
+    return result
+
+
 def census() -> dict[str, Any]:
+    allocated = allocators()  # before the walk's own allocations
     gc.collect()
     objects = gc.get_objects()
     by_type: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
@@ -144,6 +201,7 @@ def census() -> dict[str, Any]:
     rest, rest_count = deep_size(objects, seen, set())
     reach["everything else tracked"] = {"mib": round(rest / 2**20, 1), "objects": rest_count}
     return {
+        "allocators": allocated,
         "reach": reach,
         "held_by": holders(objects),
         "tracked_by_type": {
