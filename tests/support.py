@@ -1,15 +1,36 @@
-"""Helpers shared by the integration and end-to-end tests."""
+"""Helpers shared by the tests."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+import gpusizer
+
 T = TypeVar("T")
+
+
+def in_a_fresh_interpreter(
+    code: str, unset: Iterable[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`code` run by a new Python that imports this gpusizer, without the variables `unset`:
+    for what acts on a whole process (its allocator, its collector)."""
+    package_root = Path(gpusizer.__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in set(unset)}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PYTHONPATH": str(package_root)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
 
 
 def free_port() -> int:

@@ -1,14 +1,17 @@
-"""The C allocator under the interpreter: fewer arenas, and what a burst freed given back.
+"""The C allocator under the interpreter: big blocks mapped, fewer arenas, and what a burst
+freed given back. Python's own small objects are not here (pymalloc's arenas); this is the
+rest: large dicts and lists, strings, buffers.
 
-glibc gives each thread that allocates an arena of its own, up to eight per core, and returns
-freed memory to the system only from the top of each. The operator parses watch events, status
-writes and Prometheus answers in dozens of threads, so what a burst freed stays resident in
-every arena (bench/README.md, "Issue 29: what the bursts leave resident"). Under the GIL the
-threads seldom allocate at the same moment, so two arenas should cost little waiting (the
-scale bench runs with them). Python's own small objects are not here (pymalloc's arenas);
-this is the rest: large dicts and lists, strings, buffers.
+glibc raises its mmap threshold to the largest block freed, so each cycle's megabytes of
+Prometheus responses came from the heap, whose freed pages it keeps: pinned at its default,
+the operator's steady RSS is lower (bench/README.md). It also gives each thread that
+allocates an arena of its own, up to eight per core, and returns freed memory only from the
+top of each. The operator parses watch events, status writes and Prometheus answers in dozens
+of threads: 16 arenas at 5,000 workloads (bench/README.md, "Issue 29: what the bursts leave
+resident"). Under the GIL the threads seldom allocate at the same moment, so two arenas
+should cost little waiting (the scale bench runs with them).
 
-Without glibc (musl, macOS) both calls do nothing and say so.
+Without glibc (musl, macOS) each call does nothing and says so.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's default, which it would otherwise raise
 ARENAS = 2
-GIVE_BACK_SECONDS = 30.0  # a burst's memory is back within this long; a trim costs milliseconds
-M_ARENA_MAX = -8  # mallopt's parameter number, <malloc.h>
+GIVE_BACK_SECONDS = 30.0  # a burst's memory is back within this long
+M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers, <malloc.h>
+M_ARENA_MAX = -8
 
 
 @functools.cache
@@ -34,6 +39,12 @@ def _glibc() -> ctypes.CDLL | None:
     if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
         return libc
     return None
+
+
+def pin_mmap_threshold() -> bool:
+    """Big blocks always mapped, and returned to the system when freed."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 def limit_arenas(count: int = ARENAS, environ: Mapping[str, str] = os.environ) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import logging
 import os
@@ -12,7 +11,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from gpusizer import __version__
+from gpusizer import __version__, allocator
 from gpusizer.settings import DEFAULT_MIG_CONFIG_MAP, DEFAULT_READ_PERIOD_SECONDS
 
 ENV_PREFIX = "GPUSIZER_"
@@ -200,23 +199,6 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_run)
 
 
-# glibc raises its mmap threshold to the largest block freed, so each cycle's megabytes of
-# Prometheus responses came from the heap, whose freed pages it keeps: pinned at its default,
-# the operator's steady RSS is lower (bench/README.md)
-MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
-
-
-def pin_malloc_mmap_threshold() -> bool:
-    """Big blocks always mapped, and returned to the system when freed; False where the C
-    library has no such setting."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES))
-
-
 # Young collections every 50,000 allocations rather than 700: with the default, a full read's
 # decoded JSON and a decision's temporaries were alive at a young collection often enough to be
 # promoted, and full collections (every object of thousands of workloads, with the GIL held)
@@ -319,8 +301,9 @@ def _run(args: argparse.Namespace) -> int:
         prediction_tolerance=args.prediction_tolerance,
     )
     configure_logging(args.log_format, args.log_level)
-    if not pin_malloc_mmap_threshold():
+    if not allocator.pin_mmap_threshold():
         logging.getLogger(__name__).info("not glibc: its malloc is left as it is")
+    allocator.limit_arenas()  # before kopf and the operator start their threads
     tune_garbage_collector()
     run_operator(settings, args.namespace, args.health_address)
     return 0
@@ -442,7 +425,7 @@ def _activator(args: argparse.Namespace) -> int:
         ),
     )
     configure_logging(args.log_format, args.log_level)
-    pin_malloc_mmap_threshold()  # request bodies held and freed in bursts: see _run
+    allocator.pin_mmap_threshold()  # request bodies held and freed in bursts
     asyncio.run(serve(settings))
     return 0
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from gpusizer import allocator, handlers
+from gpusizer import handlers
 from gpusizer.settings import OperatorSettings
 
 
@@ -15,7 +15,6 @@ def run_operator(
     settings: OperatorSettings, namespaces: Sequence[str], health_address: str
 ) -> None:
     """Watches `namespaces`, or the whole cluster when there are none."""
-    allocator.limit_arenas()  # before kopf and the operator start their threads
     handlers.register(settings)
     asyncio.run(
         kopf.operator(

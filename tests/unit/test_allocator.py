@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import textwrap
 
 import pytest
 from gpusizer import allocator
 
+from tests.support import in_a_fresh_interpreter
+
 
 def run(script: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin"},  # no MALLOC_ARENA_MAX from the caller
-    )
+    return in_a_fresh_interpreter(textwrap.dedent(script), unset=["MALLOC_ARENA_MAX"])
 
 
 ARENAS_AFTER_FOUR_THREADS = """
@@ -94,3 +88,29 @@ async def test_give_back_runs_again_every_period(monkeypatch: pytest.MonkeyPatch
     task = asyncio.create_task(allocator.give_back_every(0.01))
     await asyncio.wait_for(twice.wait(), timeout=5)  # a loop that stopped after one never sets it
     task.cancel()
+
+
+def test_big_blocks_are_mapped_even_after_a_bigger_one_was_freed() -> None:
+    """glibc would serve the second block from its heap, which keeps freed pages."""
+    probe = """
+import ctypes
+from gpusizer import allocator
+
+
+class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2, all ten fields
+    _fields_ = [
+        (f, ctypes.c_size_t)
+        for f in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        .split()
+    ]
+
+
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallInfo2
+assert allocator.pin_mmap_threshold()
+freed = bytearray(8 << 20)
+del freed
+kept = bytearray(6 << 20)
+print(mallinfo2().hblkhd >> 20)
+"""
+    assert int(run(probe).stdout) >= 6

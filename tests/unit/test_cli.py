@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import gpusizer
 import pytest
 from gpusizer.cli import build_parser, main
 from gpusizer.settings import OperatorSettings, read_period_seconds
 
-
-def _in_a_fresh_interpreter(code: str) -> str:
-    """What `code` prints, run by a new Python that imports this gpusizer."""
-    package_root = Path(gpusizer.__file__).resolve().parents[1]
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(package_root)},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+from tests.support import in_a_fresh_interpreter
 
 
 def test_building_the_command_line_loads_no_simulator_library() -> None:
@@ -32,33 +16,7 @@ def test_building_the_command_line_loads_no_simulator_library() -> None:
         "import sys; from gpusizer.cli import build_parser; build_parser(); "
         "print(' '.join(m for m in ('numpy', 'matplotlib', 'pandas') if m in sys.modules))"
     )
-    assert _in_a_fresh_interpreter(probe) == ""
-
-
-def test_big_blocks_are_mapped_even_after_a_bigger_one_was_freed() -> None:
-    """glibc would serve the second block from its heap, which keeps freed pages."""
-    probe = """
-import ctypes
-from gpusizer.cli import pin_malloc_mmap_threshold
-
-
-class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2, all ten fields
-    _fields_ = [
-        (f, ctypes.c_size_t)
-        for f in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-        .split()
-    ]
-
-
-mallinfo2 = ctypes.CDLL(None).mallinfo2
-mallinfo2.restype = MallInfo2
-assert pin_malloc_mmap_threshold()
-freed = bytearray(8 << 20)
-del freed
-kept = bytearray(6 << 20)
-print(mallinfo2().hblkhd >> 20)
-"""
-    assert int(_in_a_fresh_interpreter(probe)) >= 6
+    assert in_a_fresh_interpreter(probe).stdout.strip() == ""
 
 
 def test_a_decoded_full_read_is_not_promoted_toward_a_full_collection() -> None:
@@ -84,7 +42,7 @@ before = older_collections()
 tuned = older_collections() - before
 print(default, tuned, gc.get_freeze_count() > 0)
 """
-    default, tuned, frozen = _in_a_fresh_interpreter(probe).split()
+    default, tuned, frozen = in_a_fresh_interpreter(probe).stdout.strip().split()
     assert int(default) > 0 and int(tuned) == 0 and frozen == "True"
 
 
