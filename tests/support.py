@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-import gpusizer
-
 T = TypeVar("T")
 
 
@@ -21,7 +19,7 @@ def in_a_fresh_interpreter(
 ) -> subprocess.CompletedProcess[str]:
     """`code` run by a new Python that imports this gpusizer, without the variables `unset`:
     for what acts on a whole process (its allocator, its collector)."""
-    package_root = Path(gpusizer.__file__).resolve().parents[1]
+    package_root = Path(__file__).resolve().parents[1] / "operator"
     env = {k: v for k, v in os.environ.items() if k not in set(unset)}
     return subprocess.run(
         [sys.executable, "-c", code],

@@ -86,11 +86,11 @@ class Runtime:
             self.tasks.append(asyncio.create_task(self.fleet.run(turns.decide, turns.report)))
         workload = self.fleet.get((namespace, name))
         if workload is None or workload.uid != str(body.meta.uid or ""):
-            workload = Workload(namespace, name, body, logger)
+            workload = Workload(namespace, name, dict(body), logger)
             workload.activator_pushed(body.meta.annotations)  # its first turn reads them
             self.fleet.join(workload)
             return
-        workload.body, workload.logger = body, logger
+        workload.body, workload.logger = dict(body), logger
         self.fleet.touch(workload.key)
         if workload.activator_pushed(body.meta.annotations):
             self.fleet.nudge(workload.key)

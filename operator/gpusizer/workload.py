@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -28,11 +28,17 @@ from gpusizer.signals.parse import PodKey
 @dataclass(slots=True)
 class Workload:
     """One WorkloadSizing as the fleet decides it: the body of its latest event, and the
-    status this process wrote since."""
+    status this process wrote since.
+
+    The body is a plain dict, never kopf's Body: that is a cycle (the body and its views of
+    metadata, spec and status), and one kept from an event to the next outlives the young
+    collections, so once let go it waited with every dict it held for a full collection. At
+    10,000 workloads that was hundreds of MiB (bench/README.md, "Issue 29: what the bursts
+    leave resident")."""
 
     namespace: str
     name: str
-    body: kopf.Body
+    body: dict[str, Any]
     logger: kopf.Logger
     status: StatusOverlay = field(default_factory=StatusOverlay)
     pods: tuple[PodKey, ...] = ()  # the ones its last decision read
@@ -50,8 +56,11 @@ class Workload:
 
     def routed_to_activator(self) -> bool:
         """Its Service's traffic goes to the activator, as its last status says."""
-        activator = self.status.current(self.body.status).get("activator") or {}
+        activator = self.status.current(self._part("status")).get("activator") or {}
         return bool(activator.get("routing") == Routing.ACTIVATOR.value)
+
+    def _part(self, name: str) -> Mapping[str, Any]:
+        return self.body.get(name) or {}
 
     @property
     def key(self) -> tuple[str, str]:
@@ -59,7 +68,7 @@ class Workload:
 
     @property
     def uid(self) -> str:
-        return str(self.body.meta.uid or "")
+        return str(self._part("metadata").get("uid") or "")
 
     def urgent(self, cycle: Cycle) -> bool:
         """Decided ahead of the others in `cycle`: one of its pods' readings moved, or it has
@@ -73,7 +82,7 @@ class Workload:
     def changed(self, cycle: Cycle) -> bool:
         """Decided on `cycle` even between sync periods: one of its pods' readings moved, or
         its spec changed since its last decision."""
-        return self.moved(cycle) or self.body.meta.get("generation") != self.generation
+        return self.moved(cycle) or self._part("metadata").get("generation") != self.generation
 
     async def decide(
         self, cycle: Cycle, view: ClusterView, services: Services, memory: Memory
@@ -81,13 +90,14 @@ class Workload:
         """The turn on `cycle`, scale writes included; None when it failed (logged)."""
         metrics.DECISION_LAG_SECONDS.observe(time.time() - cycle.snapshot.time)
         started = time.monotonic()
-        self.generation = self.body.meta.get("generation")
+        meta = self._part("metadata")
+        self.generation = meta.get("generation")
         obj = WorkloadObject(
             namespace=self.namespace,
             name=self.name,
-            spec=dict(self.body.spec),
-            status=self.status.current(self.body.status),
-            annotations=dict(self.body.meta.annotations),
+            spec=dict(self._part("spec")),
+            status=self.status.current(self._part("status")),
+            annotations=dict(meta.get("annotations") or {}),
             generation=self.generation,
             uid=self.uid,
         )
@@ -105,7 +115,12 @@ class Workload:
     async def report(self, outcome: Outcome, writer: StatusSink) -> None:
         """The decision's events, then its status."""
         for event in outcome.events:
-            kopf.event(self.body, type=event.type, reason=event.reason.value, message=event.message)
+            kopf.event(
+                kopf.Body(cast(kopf.RawBody, self.body)),
+                type=event.type,
+                reason=event.reason.value,
+                message=event.message,
+            )
             # the same line in the operator's log, under the object's name, for whoever reads
             # logs rather than Events (Events expire after an hour)
             self.logger.log(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -168,11 +170,40 @@ async def test_the_body_a_workload_keeps_has_no_managed_fields(
         await kopf_.event(kind, workload_body(version, FINALIZER))
         workload = kopf_.runtime.fleet.get(("ns", "chat"))
         assert workload is not None
-        kept.append(copy.deepcopy(dict(workload.body.metadata)))
+        kept.append(copy.deepcopy(workload.body["metadata"]))
     created, changed = kept
     assert "managedFields" not in created and "managedFields" not in changed
     assert changed["resourceVersion"] == "2"  # the body kept is the latest one
     assert changed["annotations"] == {"gpusizer.io/paused": "false"}
+
+
+class Traced(dict[str, Any]):
+    """A dict that can be weakly referenced: whether it was freed can be seen."""
+
+
+async def test_the_body_a_workload_lets_go_of_is_freed_without_a_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body kept from one event to the next outlives the young collections. Kept as kopf's
+    Body (a cycle with its views), it waited for a full collection once let go: at 10,000
+    workloads hundreds of MiB did (bench/README.md, "Issue 29: what the bursts leave
+    resident")."""
+    kopf_ = Kopf(monkeypatch, runtime())
+    first = workload_body("1", FINALIZER)
+    first["status"] = Traced(first["status"])
+    status = weakref.ref(first["status"])
+    await kopf_.event("ADDED", first)
+    del first
+    kopf_.patches.clear()  # each holds kopf's Body of its event, as kopf does until applied
+    gc.collect()  # kopf's own Body of that event, let go of once it was handled
+    assert status() is not None, "the workload keeps its latest body"
+    gc.disable()
+    try:
+        await kopf_.event("MODIFIED", workload_body("2", FINALIZER))
+        kopf_.patches.clear()
+        assert status() is None
+    finally:
+        gc.enable()
 
 
 def test_each_gpu_partitioning_takes_a_turn_every_sync_period() -> None:
@@ -218,7 +249,12 @@ async def test_an_activator_record_that_changed_asks_for_a_turn_at_once(
 
 class PostingTurns(Turns):
     async def decide(self, workload: Workload, cycle: Cycle) -> Outcome | None:
-        kopf.event(workload.body, type="Normal", reason="Posted", message="from a turn")
+        kopf.event(
+            kopf.Body(cast(bodies.RawBody, workload.body)),
+            type="Normal",
+            reason="Posted",
+            message="from a turn",
+        )
         return None
 
 

@@ -23,9 +23,8 @@ from tests.fakes import FakeMetrics, FakeStatus, FakeTargets, never_fetched, ser
 
 
 def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None:
-    body = kopf.Body({})
-    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
-    workload = Workload("ns", "chat", body, logger)
+    logger = kopf.LocalObjectLogger(body=kopf.Body({}), settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", {}, logger)
     moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-1")}))
     assert workload.urgent(moved)  # not decided yet
     workload.pods = (("ns", "chat-0"),)
@@ -36,9 +35,8 @@ def test_a_workload_is_urgent_when_a_pod_it_read_moved_or_it_read_none() -> None
 
 def test_a_workload_changed_when_a_pod_it_read_moved_or_its_spec_changed() -> None:
     raw: dict[str, Any] = {"metadata": {"generation": 3}}
-    body = kopf.Body(raw)
-    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
-    workload = Workload("ns", "chat", body, logger, pods=(("ns", "chat-0"),), generation=3)
+    logger = kopf.LocalObjectLogger(body=kopf.Body(raw), settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", raw, logger, pods=(("ns", "chat-0"),), generation=3)
     still = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "other-0")}))
     moved = Cycle(Snapshot(time=0.0), autoscalers={}, moved=frozenset({("ns", "chat-0")}))
     assert not workload.changed(still)
@@ -48,9 +46,8 @@ def test_a_workload_changed_when_a_pod_it_read_moved_or_its_spec_changed() -> No
 
 
 def test_an_activator_record_that_changed_asks_for_a_turn_at_once() -> None:
-    body = kopf.Body({})
-    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
-    workload = Workload("ns", "chat", body, logger)
+    logger = kopf.LocalObjectLogger(body=kopf.Body({}), settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", {}, logger)
     record = {"activator.gpusizer.io/a-1": '{"pending": 1}'}
     assert workload.activator_pushed({"gpusizer.io/paused": "false", **record})
     assert not workload.activator_pushed({"other": "changed", **record}), "the same records"
@@ -104,9 +101,8 @@ def mode_off(raw: dict[str, Any]) -> CountedWorkload:
             "mode": "Off",
         },
     )
-    body = kopf.Body(raw)
-    logger = kopf.LocalObjectLogger(body=body, settings=kopf.OperatorSettings())
-    return CountedWorkload("ns", "chat", body, logger)
+    logger = kopf.LocalObjectLogger(body=kopf.Body(raw), settings=kopf.OperatorSettings())
+    return CountedWorkload("ns", "chat", raw, logger)
 
 
 def following(
