@@ -5,10 +5,11 @@ Python imports this module at start-up when its directory is on PYTHONPATH. With
 GPUSIZER_HEAP_CENSUS set, SIGUSR2 writes the file it names: every object the collector tracks,
 counted and sized by type; the objects reachable from a few kinds of owner (kopf's indexes,
 its per-object memories by kind of object, the operator's runtime, the WorkloadSizings'
-daemons, asyncio tasks), each owner's reach excluding what an earlier one reached; and which
-types hold the sets and dicts. No allocation is traced: tracemalloc from the start kept
-the operator from deciding 1,000 workloads within minutes. The walk holds the event loop for
-the seconds it takes.
+daemons, asyncio tasks), each owner's reach excluding what an earlier one reached; which
+types hold the sets and dicts; and, read before the walk, what pymalloc and glibc hold and use
+before and after a full collection, with the types of the cyclic garbage it freed. No
+allocation is traced: tracemalloc from the start kept the operator from deciding 1,000
+workloads within minutes. The walk holds the event loop for the seconds it takes.
 """
 
 from __future__ import annotations
@@ -181,8 +182,16 @@ def allocators() -> dict[str, Any]:
 
 
 def census() -> dict[str, Any]:
-    allocated = allocators()  # before the walk's own allocations
+    before = allocators()  # as the operator runs: uncollected cycles included
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collection frees, kept to be counted
+    try:
+        gc.collect()
+        garbage = collections.Counter(type(obj).__qualname__ for obj in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
     gc.collect()
+    after = allocators()  # before the walk's own allocations
     objects = gc.get_objects()
     by_type: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for obj in objects:
@@ -201,7 +210,9 @@ def census() -> dict[str, Any]:
     rest, rest_count = deep_size(objects, seen, set())
     reach["everything else tracked"] = {"mib": round(rest / 2**20, 1), "objects": rest_count}
     return {
-        "allocators": allocated,
+        "allocators": {"before_collect": before, "after_collect": after},
+        "collected": dict(garbage.most_common(TOP)),
+        "gc_stats": gc.get_stats(),
         "reach": reach,
         "held_by": holders(objects),
         "tracked_by_type": {
