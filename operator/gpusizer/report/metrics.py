@@ -281,63 +281,67 @@ def _ledger(name: str) -> Samples:
 
 Family = CounterMetricFamily | GaugeMetricFamily
 
+# kind, name, help, the labels past namespace and name, and what fills it
+_FIXED_FAMILIES: tuple[tuple[type[Family], str, str, tuple[str, ...], Samples], ...] = (
+    (
+        CounterMetricFamily,
+        "gpusizer_decisions",
+        "Replica decisions made, by outcome reason.",
+        ("reason",),
+        _by(lambda series: series.decisions),
+    ),
+    (
+        GaugeMetricFamily,
+        "gpusizer_desired_replicas",
+        "Replicas the operator wants.",
+        (),
+        _decided(lambda series: series.desired or 0),
+    ),
+    (
+        GaugeMetricFamily,
+        "gpusizer_current_replicas",
+        "Replicas the target has.",
+        (),
+        _decided(lambda series: series.current),
+    ),
+    (
+        GaugeMetricFamily,
+        "gpusizer_metrics_available",
+        "1 when every signal the workload needs is known, else 0.",
+        (),
+        _decided(lambda series: 1 if series.metrics_known else 0),
+    ),
+    (
+        CounterMetricFamily,
+        "gpusizer_scale_writes",
+        "Writes to a target's /scale subresource, by result.",
+        ("result",),
+        _by(lambda series: series.scale_writes),
+    ),
+    (
+        CounterMetricFamily,
+        "gpusizer_reconcile_errors",
+        "Reconcile cycles that ended in an unexpected error.",
+        (),
+        lambda series: [((), series.reconcile_errors)] if series.reconcile_errors else (),
+    ),
+    (
+        GaugeMetricFamily,
+        "gpusizer_condition",
+        "1 for each WorkloadSizing condition as it stands, so alerts can match type and reason.",
+        ("type", "status", "reason"),
+        lambda series: (
+            ((type_, status, reason), 1) for type_, (status, reason) in series.conditions.items()
+        ),
+    ),
+)
+
 
 def _empty_families() -> Iterator[tuple[Family, Samples]]:
     """Each per-workload family, made when reached, with what fills it."""
     labels = WorkloadCollector.LABELS
-    yield (
-        CounterMetricFamily(
-            "gpusizer_decisions",
-            "Replica decisions made, by outcome reason.",
-            labels=[*labels, "reason"],
-        ),
-        _by(lambda series: series.decisions),
-    )
-    yield (
-        GaugeMetricFamily(
-            "gpusizer_desired_replicas", "Replicas the operator wants.", labels=labels
-        ),
-        _decided(lambda series: series.desired or 0),
-    )
-    yield (
-        GaugeMetricFamily("gpusizer_current_replicas", "Replicas the target has.", labels=labels),
-        _decided(lambda series: series.current),
-    )
-    yield (
-        GaugeMetricFamily(
-            "gpusizer_metrics_available",
-            "1 when every signal the workload needs is known, else 0.",
-            labels=labels,
-        ),
-        _decided(lambda series: 1 if series.metrics_known else 0),
-    )
-    yield (
-        CounterMetricFamily(
-            "gpusizer_scale_writes",
-            "Writes to a target's /scale subresource, by result.",
-            labels=[*labels, "result"],
-        ),
-        _by(lambda series: series.scale_writes),
-    )
-    yield (
-        CounterMetricFamily(
-            "gpusizer_reconcile_errors",
-            "Reconcile cycles that ended in an unexpected error.",
-            labels=labels,
-        ),
-        lambda series: [((), series.reconcile_errors)] if series.reconcile_errors else (),
-    )
-    yield (
-        GaugeMetricFamily(
-            "gpusizer_condition",
-            "1 for each WorkloadSizing condition as it stands, so alerts can match type and "
-            "reason.",
-            labels=[*labels, "type", "status", "reason"],
-        ),
-        lambda series: (
-            ((type_, status, reason), 1) for type_, (status, reason) in series.conditions.items()
-        ),
-    )
+    for kind, name, doc, extra, samples in _FIXED_FAMILIES:
+        yield kind(name, doc, labels=[*labels, *extra]), samples
     for name, doc in _GAUGE_HELP.items():
         yield GaugeMetricFamily(name, doc, labels=labels), _one(lambda s: s.gauges, name)
     for name, doc in HELD_COUNTERS.items():
