@@ -35,7 +35,10 @@ M_ARENA_MAX = -8
 
 @functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    libc = ctypes.CDLL(None)  # the symbols the process has loaded
+    try:
+        libc = ctypes.CDLL(None)  # the symbols the process has loaded
+    except OSError:
+        return None
     if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
         return libc
     return None
@@ -49,7 +52,7 @@ def pin_mmap_threshold() -> bool:
 
 def limit_arenas(count: int = ARENAS, environ: Mapping[str, str] = os.environ) -> bool:
     """At most `count` arenas from now on: call it before any thread starts. glibc's own
-    MALLOC_ARENA_MAX, read at the process's start, wins: whether the limit was set here."""
+    MALLOC_ARENA_MAX, read at the process's start, wins. Whether the limit was set here."""
     libc = _glibc()
     if libc is None or "MALLOC_ARENA_MAX" in environ:
         return False
