@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 from kubernetes import client as k8s
-from prometheus_client import disable_created_metrics, start_http_server
+from prometheus_client import disable_created_metrics
 
 from gpusizer import allocator
 from gpusizer.actuate.routes import Routes
@@ -35,7 +35,7 @@ from gpusizer.memory import Memory
 from gpusizer.peering import PeeringView
 from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
-from gpusizer.report import metrics
+from gpusizer.report import metrics, scrape
 from gpusizer.report.turn import OutageDamping
 from gpusizer.report.writer import StatusWriter
 from gpusizer.rightsizing import RightSizer
@@ -294,10 +294,10 @@ def start(
         )
     else:
         metrics.IN_CHARGE.set(1)
-    # no `_created` twin for each workload's counters: they were a tenth of the series and
-    # rendering /metrics was a large share of the operator's CPU (bench/README.md)
+    # no `_created` twin for a counter, as the per-workload counters have none: they were a
+    # tenth of the series, and writing /metrics a large share of the CPU (bench/README.md)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
-    start_http_server(config.metrics_port)
+    scrape.serve(config.metrics_port)
     log.info(
         "gpusizer started: prometheus %s, sync every %ss, metrics read every %ss",
         config.prometheus.url,

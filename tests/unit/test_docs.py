@@ -37,12 +37,17 @@ def exported_metrics() -> dict[str, str]:
     gpusizer.activator.metrics (the activator's)."""
     out: dict[str, str] = {}
     for value in [*vars(metrics).values(), *vars(activator_metrics).values()]:
-        if isinstance(value, MetricWrapperBase | metrics.WorkloadCollector):
+        if isinstance(value, MetricWrapperBase):
             for family in value.describe():
                 name = family.name
                 if family.type == "counter":
                     name += "_total"
                 out[name] = family.type
+    for workload_family in metrics.WORKLOAD_FAMILIES:
+        name = workload_family.name
+        if workload_family.kind == "counter":
+            name += "_total"
+        out[name] = workload_family.kind
     return out
 
 

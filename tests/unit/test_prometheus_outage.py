@@ -36,7 +36,6 @@ from gpusizer.signals.snapshot import Snapshot
 from gpusizer.startup import Runtime
 from gpusizer.timefmt import iso
 from gpusizer.vocabulary import Reason
-from prometheus_client import REGISTRY
 
 from tests.fakes import (
     TIMED_OUT,
@@ -48,6 +47,7 @@ from tests.fakes import (
     workload,
 )
 from tests.unit.test_reconcile import DOWN, NOW, NS, pod, snapshot, spec, target
+from tests.unit.test_report_metrics import scraped
 
 SYNC = 5.0
 DAMPING = OutageDamping(grace_seconds=4 * SYNC, spread_seconds=2 * SYNC)
@@ -710,10 +710,7 @@ async def test_samples_gone_stale_while_prometheus_was_out_are_its_tail_not_the_
 def holding_decisions(fleet: Fleet) -> list[bool]:
     """Whether each workload's last decision was on unknown metrics (it holds its replicas),
     as the operator's gauge says."""
-    return [
-        REGISTRY.get_sample_value("gpusizer_metrics_available", {"namespace": NS, "name": n}) == 0
-        for n in fleet.names
-    ]
+    return [scraped(n, NS).get(("gpusizer_metrics_available", ())) == 0 for n in fleet.names]
 
 
 @dataclasses.dataclass

@@ -1,19 +1,25 @@
-"""The per-workload series, as a scrape of the operator's registry shows them."""
+"""The per-workload series, as a scrape of the operator's metrics port shows them."""
 
 from __future__ import annotations
 
+import gzip
+from collections.abc import Iterator
+
+import requests
 from gpusizer.api.v1alpha1 import Condition
-from gpusizer.report import metrics
-from prometheus_client import REGISTRY, generate_latest
+from gpusizer.report import metrics, scrape
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scraped(name: str) -> Series:
+def scraped(name: str, namespace: str = "ns") -> Series:
     """Every sample of workload `name`, by sample name and its other labels, parsed back from
     the text exposition a scrape gets."""
-    text = generate_latest(REGISTRY).decode()
+    text = b"".join(metrics.exposition()).decode()
     return {
         (
             s.name,
@@ -21,7 +27,7 @@ def scraped(name: str) -> Series:
         ): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.labels.get("name") == name and s.labels.get("namespace") == "ns"
+        if s.labels.get("name") == name and s.labels.get("namespace") == namespace
     }
 
 
@@ -135,3 +141,80 @@ def test_what_a_result_costs_what_the_pods_held_and_the_ledger() -> None:
     }
     metrics.WORKLOADS.forget("ns", "eff-a")
     assert scraped("eff-a") == {}
+
+
+class Reference(Collector):
+    """The per-workload families built as prometheus_client's own: what its `generate_latest`
+    writes of them is what the operator's writer must write."""
+
+    def __init__(self, collector: metrics.WorkloadCollector) -> None:
+        self.series = collector._series
+
+    def collect(self) -> Iterator[Metric]:
+        for family in metrics.WORKLOAD_FAMILIES:
+            kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+            built = kind(family.name, family.help, labels=["namespace", "name", *family.labels])
+            for key, series in self.series.items():
+                for extra, value in family.samples(series):
+                    built.add_metric([*key, *extra], value)
+            yield built
+
+
+def test_the_exposition_is_byte_for_byte_what_generate_latest_writes() -> None:
+    """Label order (by name, so `basis` before `name`), counters' `_total`, values as Go prints
+    them (exponents past a million, integers as floats), escaped label values."""
+    collector = metrics.WorkloadCollector()
+    collector.decided("team-a", "chat", "ScaleUp", desired=3, current=1, known=True)
+    collector.decided("team-a", "chat", "Hold", desired=3, current=3, known=True)
+    collector.scale_written("team-a", "chat", "ok")
+    collector.reconcile_failed("team-a", "chat")
+    collector.set_conditions("team-a", "chat", [ready("False", 'a "quoted"\\odd\nreason')])
+    collector.gauges(
+        "team-a", "chat", {"gpusizer_power_watts": 1234567.5, "gpusizer_held_gpus": 0.1}
+    )
+    collector.account("team-a", "chat", {"gpusizer_held_gpu_seconds": 1e-7})
+    collector.ledger(
+        "team-a",
+        "chat",
+        {("gpusizer_ledger_cost", "24h", "used"): 2.0, ("gpusizer_ledger_kwh", "7d", "static"): 3},
+    )
+    collector.decided("team-b", "embed", "Hold", desired=1, current=1, known=False)
+    collector.gauges("team-b", "embed", {"gpusizer_cost_per_1k_requests": float("inf")})
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # as the operator runs
+    reference = CollectorRegistry()
+    reference.register(Reference(collector))
+    assert b"".join(collector.exposition()) == generate_latest(reference)
+
+
+def test_a_scrape_gets_the_exposition_gzipped_when_asked_and_only_by_get() -> None:
+    metrics.WORKLOADS.decided("ns", "app-a", "ScaleUp", desired=2, current=1, known=True)
+    answers: list[tuple[str, dict[str, str]]] = []
+
+    def request(method: str, encoding: str = "") -> bytes:
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": "/metrics"}
+        if encoding:
+            environ["HTTP_ACCEPT_ENCODING"] = encoding
+        body = scrape.app(environ, lambda status, headers: answers.append((status, dict(headers))))
+        return b"".join(body)
+
+    plain = request("GET")
+    assert answers[-1] == ("200 OK", {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    assert b'gpusizer_desired_replicas{name="app-a",namespace="ns"} 2.0\n' in plain
+    line = b'gpusizer_desired_replicas{name="app-a",namespace="ns"} 2.0\n'
+    assert line in gzip.decompress(request("GET", "deflate, gzip;q=0.9"))
+    assert answers[-1][1]["Content-Encoding"] == "gzip"
+    family_by_family = [b"# HELP a x\n", b"", b"a 1.0\n" * 1000]
+    assert gzip.decompress(b"".join(scrape.gzipped(family_by_family))) == b"".join(family_by_family)
+    request("POST")
+    assert answers[-1][0] == "405 Method Not Allowed"
+
+
+def test_the_metrics_port_answers_a_scrape_over_http() -> None:
+    metrics.WORKLOADS.decided("ns", "app-b", "ScaleUp", desired=2, current=1, known=True)
+    server = scrape.serve(0, "127.0.0.1")
+    try:
+        answer = requests.get(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10)
+    finally:
+        server.shutdown()
+    assert answer.headers["Content-Encoding"] == "gzip"  # requests asks for it
+    assert 'gpusizer_current_replicas{name="app-b",namespace="ns"} 1.0' in answer.text

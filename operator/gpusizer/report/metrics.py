@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import NamedTuple
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
 
 from gpusizer.api.v1alpha1 import Condition
 from gpusizer.signals.queries import (
@@ -164,11 +165,9 @@ LEDGER_GAUGES: dict[str, str] = {
 }
 
 
-class WorkloadCollector(Collector):
-    """The per-WorkloadSizing series, built from plain records when scraped. Updates come from
+class WorkloadCollector:
+    """The per-WorkloadSizing series, written from plain records when scraped. Updates come from
     the event loop and scrapes from the HTTP server's thread, hence the lock."""
-
-    LABELS = ("namespace", "name")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -234,28 +233,54 @@ class WorkloadCollector(Collector):
             series = self._series[(namespace, name)] = WorkloadSeries()
         return series
 
-    def describe(self) -> Iterable[Metric]:
-        for family, _ in _empty_families():
-            yield family
-
-    def collect(self) -> Iterator[Metric]:
-        """Family by family, each filled when the exposition comes to it and let go once
-        written: every family's samples at once were the largest share of what a scrape
-        allocated at 5,000 workloads, and the operator's RSS keeps its largest burst
-        (bench/README.md, "Issue 29: what the bursts leave resident"). The series are
-        copied under the lock and the families built outside it: building them for thousands
-        of workloads would hold up every decision of the event loop (bench/README.md)."""
+    def exposition(self) -> Iterator[bytes]:
+        """Every per-workload family in the text format (0.0.4), one chunk per family, as
+        prometheus_client's `generate_latest` writes it (tests/unit/test_report_metrics.py
+        holds it to that). Written here, not through prometheus_client's families: a Sample
+        and a label dict per series, validated and escaped one by one, took seconds of CPU a
+        scrape at 10,000 workloads, in a thread that shares the interpreter with every
+        decision (bench/README.md, "Issue 29: the operator's own /metrics"). The series are
+        copied under the lock and written outside it, a family at a time, so a scrape holds
+        one family's text besides what it has sent."""
         with self._lock:
             copies = [(key, series.copy()) for key, series in self._series.items()]
-        for family, samples in _empty_families():
-            for key, series in copies:
-                for extra, value in samples(series):
-                    family.add_metric([*key, *extra], value)
-            yield family
+        escaped = [((_escape(namespace), _escape(name)), s) for (namespace, name), s in copies]
+        for family in WORKLOAD_FAMILIES:
+            yield _text(family, escaped).encode()
 
 
 # A family's samples of one workload: the label values past namespace and name, and the value.
 Samples = Callable[[WorkloadSeries], Iterable[tuple[tuple[str, ...], float]]]
+
+
+class Family(NamedTuple):
+    kind: str  # "counter" or "gauge"
+    name: str
+    help: str
+    labels: tuple[str, ...]  # past namespace and name
+    samples: Samples
+
+
+def _text(family: Family, copies: Iterable[tuple[tuple[str, str], WorkloadSeries]]) -> str:
+    """A counter is named with `_total`, the labels go in the order of their names, and a value
+    as Go prints it: what `generate_latest` writes. `copies` are keyed by escaped names."""
+    name = f"{family.name}_total" if family.kind == "counter" else family.name
+    names = ("namespace", "name", *family.labels)
+    order = sorted(range(len(names)), key=names.__getitem__)
+    in_order = itemgetter(*order)
+    line = name + "{" + ",".join(f'{names[i]}="%s"' for i in order) + "} %s\n"
+    doc = family.help.replace("\\", r"\\").replace("\n", r"\n")
+    lines = [f"# HELP {name} {doc}\n# TYPE {name} {family.kind}\n"]
+    for key, series in copies:
+        for extra, value in family.samples(series):
+            labels = in_order((*key, *map(_escape, extra)))
+            go_value = floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped upstream
+            lines.append(line % (*labels, go_value))
+    return "".join(lines)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _decided(value: Callable[[WorkloadSeries], float]) -> Samples:
@@ -279,54 +304,51 @@ def _ledger(name: str) -> Samples:
     )
 
 
-Family = CounterMetricFamily | GaugeMetricFamily
-
-# kind, name, help, the labels past namespace and name, and what fills it
-_FIXED_FAMILIES: tuple[tuple[type[Family], str, str, tuple[str, ...], Samples], ...] = (
-    (
-        CounterMetricFamily,
+_FIXED_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "counter",
         "gpusizer_decisions",
         "Replica decisions made, by outcome reason.",
         ("reason",),
         _by(lambda series: series.decisions),
     ),
-    (
-        GaugeMetricFamily,
+    Family(
+        "gauge",
         "gpusizer_desired_replicas",
         "Replicas the operator wants.",
         (),
         _decided(lambda series: series.desired or 0),
     ),
-    (
-        GaugeMetricFamily,
+    Family(
+        "gauge",
         "gpusizer_current_replicas",
         "Replicas the target has.",
         (),
         _decided(lambda series: series.current),
     ),
-    (
-        GaugeMetricFamily,
+    Family(
+        "gauge",
         "gpusizer_metrics_available",
         "1 when every signal the workload needs is known, else 0.",
         (),
         _decided(lambda series: 1 if series.metrics_known else 0),
     ),
-    (
-        CounterMetricFamily,
+    Family(
+        "counter",
         "gpusizer_scale_writes",
         "Writes to a target's /scale subresource, by result.",
         ("result",),
         _by(lambda series: series.scale_writes),
     ),
-    (
-        CounterMetricFamily,
+    Family(
+        "counter",
         "gpusizer_reconcile_errors",
         "Reconcile cycles that ended in an unexpected error.",
         (),
         lambda series: [((), series.reconcile_errors)] if series.reconcile_errors else (),
     ),
-    (
-        GaugeMetricFamily,
+    Family(
+        "gauge",
         "gpusizer_condition",
         "1 for each WorkloadSizing condition as it stands, so alerts can match type and reason.",
         ("type", "status", "reason"),
@@ -337,20 +359,29 @@ _FIXED_FAMILIES: tuple[tuple[type[Family], str, str, tuple[str, ...], Samples], 
 )
 
 
-def _empty_families() -> Iterator[tuple[Family, Samples]]:
-    """Each per-workload family, made when reached, with what fills it."""
-    labels = WorkloadCollector.LABELS
-    for kind, name, doc, extra, samples in _FIXED_FAMILIES:
-        yield kind(name, doc, labels=[*labels, *extra]), samples
-    for name, doc in _GAUGE_HELP.items():
-        yield GaugeMetricFamily(name, doc, labels=labels), _one(lambda s: s.gauges, name)
-    for name, doc in HELD_COUNTERS.items():
-        yield CounterMetricFamily(name, doc, labels=labels), _one(lambda s: s.accounted, name)
-    for name, doc in LEDGER_GAUGES.items():
-        yield GaugeMetricFamily(name, doc, labels=[*labels, "window", "basis"]), _ledger(name)
-
-
 _GAUGE_HELP = {**EFFICIENCY_GAUGES, **HELD_GAUGES}
 
+# every per-workload family, in the order a scrape shows them
+WORKLOAD_FAMILIES: tuple[Family, ...] = (
+    *_FIXED_FAMILIES,
+    *(
+        Family("gauge", name, doc, (), _one(lambda s: s.gauges, name))
+        for name, doc in _GAUGE_HELP.items()
+    ),
+    *(
+        Family("counter", name, doc, (), _one(lambda s: s.accounted, name))
+        for name, doc in HELD_COUNTERS.items()
+    ),
+    *(
+        Family("gauge", name, doc, ("window", "basis"), _ledger(name))
+        for name, doc in LEDGER_GAUGES.items()
+    ),
+)
+
 WORKLOADS = WorkloadCollector()
-REGISTRY.register(WORKLOADS)
+
+
+def exposition() -> Iterator[bytes]:
+    """What a scrape of the operator reads: the registry's metrics, then every workload's."""
+    yield generate_latest(REGISTRY)
+    yield from WORKLOADS.exposition()
