@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
@@ -168,6 +170,35 @@ async def test_prometheus_down_is_unreachable_not_zero() -> None:
     _, got = await observe(url, pods("a"))
     assert got.signals.gpu_utilization is None and got.signals.queue_total is None
     assert {p.reason for p in got.problems} == {Reason.PROMETHEUS_UNREACHABLE}
+
+
+async def test_a_query_that_times_out_is_said_so_and_not_sent_again() -> None:
+    """Sent again, it loads a Prometheus that is already slow, and the answer to the second
+    try stayed in memory with the first one's traceback until a full collection."""
+    asked: list[str] = []
+    answered = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            answered.wait(10)  # longer than the operator waits: the test ends it
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=1))
+        value, problem = await source.scalar("vector(1)")
+    finally:
+        answered.set()
+        server.shutdown()
+    assert value is None and problem is not None
+    assert problem.reason == Reason.PROMETHEUS_UNREACHABLE
+    assert problem.message.startswith("timed out: ") and "Read timed out" in problem.message
+    assert len(asked) == 1, asked
 
 
 async def test_bad_promql_is_a_query_error(prometheus: str) -> None:

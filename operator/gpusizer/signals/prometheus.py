@@ -35,6 +35,11 @@ from gpusizer.vocabulary import Reason
 log = logging.getLogger(__name__)
 
 QUERY_THREADS = 8  # a full read's queries run at once, plus room for user queries
+# A refused connection or a 502-504 is asked once more; a query that timed out is not. Sent
+# again, it would load a Prometheus that is already slow, and the read would wait a second
+# timeout. And urllib3 keeps the timeout with its traceback on the retry's response: every
+# frame of the thread then stayed alive, the decoded answer in them, until a full collection
+# (bench/README.md, "Issue 29: the operator's own /metrics").
 
 
 class BearerTokenFile(requests.auth.AuthBase):
@@ -72,7 +77,7 @@ class PrometheusSource:
         session.hooks["response"].append(_reject_unauthorized)
         self._client = PrometheusConnect(
             url=settings.url,
-            retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]),
+            retry=Retry(total=1, read=False, backoff_factor=0.2, status_forcelist=[502, 503, 504]),
             auth=settings.basic_auth,
             session=session,
             timeout=int(max(1, settings.timeout_seconds)),
