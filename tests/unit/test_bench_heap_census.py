@@ -91,3 +91,10 @@ def test_an_owner_is_not_walked_through_from_another() -> None:
     assert id(clock) not in seen
     through = census.deep_size([daemon], set(), set())
     assert through[0] > alone[0] + 1000
+
+
+def test_garbage_dicts_are_told_by_their_keys_and_lists_by_their_first_item() -> None:
+    census = load_census()
+    answer = {"metric": {"pod": "a"}, "value": [1.0, "2"]}
+    shapes = census.garbage_shapes([answer, dict(answer), answer["value"], [], Runtime()])
+    assert shapes == {"dict": {"metric,value": 2}, "list": {"float": 1, "(empty)": 1}}
