@@ -23,7 +23,8 @@ from prometheus_client.exposition import (
 
 from gpusizer.report import metrics
 
-# zlib's fastest level: a tenth of the CPU of the slowest for about 15 % more bytes on the wire
+# zlib's fastest level: an eighth of the CPU of the slowest for about a fifth more bytes on the
+# wire (bench/README.md)
 GZIP_LEVEL = 1
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
