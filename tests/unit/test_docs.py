@@ -43,11 +43,7 @@ def exported_metrics() -> dict[str, str]:
                 if family.type == "counter":
                     name += "_total"
                 out[name] = family.type
-    for workload_family in metrics.WORKLOAD_FAMILIES:
-        name = workload_family.name
-        if workload_family.kind == "counter":
-            name += "_total"
-        out[name] = workload_family.kind
+    out.update((family.exposed, family.kind) for family in metrics.WORKLOAD_FAMILIES)
     return out
 
 

@@ -260,11 +260,16 @@ class Family(NamedTuple):
     labels: tuple[str, ...]  # past namespace and name
     samples: Samples
 
+    @property
+    def exposed(self) -> str:
+        """The name a scrape shows: a counter's with `_total`."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
 
 def _text(family: Family, copies: Iterable[tuple[tuple[str, str], WorkloadSeries]]) -> str:
-    """A counter is named with `_total`, the labels go in the order of their names, and a value
-    as Go prints it: what `generate_latest` writes. `copies` are keyed by escaped names."""
-    name = f"{family.name}_total" if family.kind == "counter" else family.name
+    """The labels in the order of their names and each value as Go prints it: what
+    `generate_latest` writes. `copies` are keyed by escaped names."""
+    name = family.exposed
     names = ("namespace", "name", *family.labels)
     order = sorted(range(len(names)), key=names.__getitem__)
     in_order = itemgetter(*order)
