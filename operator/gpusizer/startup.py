@@ -27,6 +27,7 @@ from gpusizer.catalog import load_catalog
 from gpusizer.charge import Charge, LeaseRecord
 from gpusizer.clock import CycleClock, FailingSince, fetch_cycle
 from gpusizer.cluster import ClusterView
+from gpusizer.compact import compact_dict
 from gpusizer.fleet import Fleet
 from gpusizer.kube import WORKER_THREADS, api_client
 from gpusizer.lease import KubeLease, keep_charge, replica_identity
@@ -86,11 +87,11 @@ class Runtime:
             self.tasks.append(asyncio.create_task(self.fleet.run(turns.decide, turns.report)))
         workload = self.fleet.get((namespace, name))
         if workload is None or workload.uid != str(body.meta.uid or ""):
-            workload = Workload(namespace, name, dict(body), logger)
+            workload = Workload(namespace, name, compact_dict(body), logger)
             workload.activator_pushed(body.meta.annotations)  # its first turn reads them
             self.fleet.join(workload)
             return
-        workload.body, workload.logger = dict(body), logger
+        workload.body, workload.logger = compact_dict(body), logger
         self.fleet.touch(workload.key)
         if workload.activator_pushed(body.meta.annotations):
             self.fleet.nudge(workload.key)

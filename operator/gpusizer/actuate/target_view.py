@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpusizer.api.v1alpha1 import GROUP, TargetRef
+from gpusizer.compact import compact, compact_dict
 
 
 class TargetProblem(Exception):
@@ -106,9 +107,11 @@ def target_view(obj: Mapping[str, Any], scale: Mapping[str, Any] | None = None) 
         replicas=int((scale.get("spec") or {}).get("replicas") or 0),
         selector=str((scale.get("status") or {}).get("selector") or ""),
         resource_version=str((scale.get("metadata") or {}).get("resourceVersion") or ""),
-        annotations={k: v for k, v in annotations.items() if k.startswith(ANNOTATION_PREFIX)},
+        annotations=compact_dict(
+            {k: v for k, v in annotations.items() if k.startswith(ANNOTATION_PREFIX)}
+        ),
         generation=meta.get("generation"),
-        pod_spec=((obj.get("spec") or {}).get("template") or {}).get("spec"),
+        pod_spec=compact(((obj.get("spec") or {}).get("template") or {}).get("spec")),
     )
 
 

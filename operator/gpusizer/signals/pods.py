@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpusizer.compact import compact_dict
 from gpusizer.timefmt import parse_time
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
@@ -94,13 +96,13 @@ def pod_info(pod: Mapping[str, Any], container: str | None = None) -> PodInfo:
         if terminated.get("reason") == "OOMKilled":
             oom_kills += max(1, int(cs.get("restartCount") or 0))
     return PodInfo(
-        namespace=str(meta.get("namespace") or ""),
+        namespace=sys.intern(str(meta.get("namespace") or "")),
         name=str(meta.get("name") or ""),
-        labels=dict(meta.get("labels") or {}),
+        labels=compact_dict(meta.get("labels") or {}),
         node=spec.get("nodeName"),
         ready=ready,
         terminating=meta.get("deletionTimestamp") is not None,
-        phase=str(status.get("phase") or "Pending"),
+        phase=sys.intern(str(status.get("phase") or "Pending")),
         gpu_resource=gpu_resource[0] if gpu_resource else None,
         gpu_container=gpu_container,
         oom_kills=oom_kills,
