@@ -375,6 +375,7 @@ def decide(
         ready=sum(1 for p in pods if p.ready and not p.terminating),
         starting=sum(1 for p in pods if p.starting),
         unobserved=signals.unobserved,
+        unscraped=signals.unscraped,
         startup_seconds=measured_startup(pods),
     )
     key = (obj.namespace, obj.name)

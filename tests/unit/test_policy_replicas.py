@@ -293,6 +293,36 @@ def test_replicas_the_metrics_have_not_seen_count_as_arriving(
     assert (decision.desired, decision.reason) == (desired, reason)
 
 
+@pytest.mark.parametrize(
+    ("util", "desired", "reason"),
+    [
+        (35.0, 8, Reason.WITHIN_TOLERANCE),  # 8 x 35 / 70 = 4: not on a failed scrape's sample
+        (140.0, 16, Reason.SCALE_UP),  # 8 x 140 / 70 = 16: up, on the samples there are
+    ],
+)
+def test_replicas_whose_scrape_failed_are_never_scaled_down_on_their_last_samples(
+    util: float, desired: int, reason: Reason
+) -> None:
+    decision = decide_replicas(
+        make_spec(util=70, queue=4, maximum=16),
+        ReplicaCounts(current=8, ready=8, starting=0, unscraped=1),
+        Signals(gpu_utilization=util, queue_total=0.0),
+        History(),
+        NOW,
+    )
+    assert (decision.desired, decision.reason) == (desired, reason)
+
+
+def test_a_replica_whose_scrape_failed_is_not_scaled_to_zero_on_its_last_samples() -> None:
+    spec = make_spec(util=70, queue=4, minimum=0, zero=True, idle_seconds=600)
+    history = History(last_active_time=NOW - 900)
+    unscraped = ReplicaCounts(current=1, ready=1, starting=0, unscraped=1)
+    decision = decide_replicas(spec, unscraped, IDLE, history, NOW)
+    assert decision.desired == 1 and decision.idle, "idle still, so its idle time goes on"
+    scraped = decide_replicas(spec, counts(1), IDLE, history, NOW)
+    assert (scraped.desired, scraped.reason) == (0, Reason.SCALE_TO_ZERO)
+
+
 # --- scale to zero and wake ---------------------------------------------------------------------
 
 IDLE = Signals(gpu_utilization=1.0, queue_total=0.0, wake_demand=0.0)

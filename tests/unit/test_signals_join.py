@@ -181,6 +181,23 @@ def test_a_pod_ready_since_the_last_scrape_is_arriving_capacity_not_a_hole() -> 
     assert stale.unobserved == 0 and stale.problems[0].reason == Reason.PARTIAL_SAMPLES
 
 
+def test_ready_pods_decided_on_an_earlier_reads_samples_are_counted() -> None:
+    """reader._carried: a pod whose series left the answers keeps its last sample while it
+    is fresh, and the policy does not scale down on it."""
+    gpu = samples({"a": 80, "b": 60})
+    gpu.carried = frozenset({("llm", "b")})
+    got = workload_signals(
+        spec(), [pod("a"), pod("b")], snapshot(gpu=gpu, queue=samples({"a": 1, "b": 1})), NOW
+    )
+    assert got.problems == () and got.unscraped == 1 and got.signals.gpu_utilization == 70
+    queue = samples({"a": 1, "b": 1})
+    queue.carried = frozenset({("llm", "a"), ("llm", "b")})
+    both = workload_signals(
+        spec(), [pod("a"), pod("b")], snapshot(gpu=samples({"a": 80, "b": 60}), queue=queue), NOW
+    )
+    assert both.unscraped == 2
+
+
 def test_a_pod_ready_during_an_outage_is_awaited_from_when_prometheus_came_back() -> None:
     """Scaled up while Prometheus was out: a restarted Prometheus scrapes its targets one by
     one, and the new pod is no hole until maxSampleAgeSeconds after it came back. A pod ready

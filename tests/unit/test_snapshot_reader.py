@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from gpusizer.api.v1alpha1 import Server
+from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
 from gpusizer.signals.health import failed_whole
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, MOVE_MARGIN_SECONDS, queue_signal
@@ -222,3 +222,54 @@ async def test_memory_unanswered_is_not_held() -> None:
     metrics.answers[MEMORY] = TIMED_OUT
     second = await read_full(metrics, Server, last=first)
     assert second.errors[MEMORY] == TIMED_OUT and MEMORY not in second.signals
+
+
+async def test_a_pod_an_answer_leaves_out_keeps_its_last_sample_aged_since() -> None:
+    """Prometheus drops a scrape target's series at once when a scrape of it fails: its pods
+    go on with their last samples, aged, and the join says StaleSamples past each workload's
+    maxSampleAgeSeconds."""
+    a, b, c = ("ns", "a"), ("ns", "b"), ("ns", "c")
+    metrics = FakeMetrics(
+        answers={
+            GPU_UTIL: PodSamples(
+                samples={a: Sample(50, 1), b: Sample(60, 2), c: Sample(70, 1)}, read_at=1000.0
+            )
+        }
+    )
+    first = await read_full(metrics, Server)
+    metrics.answers[GPU_UTIL] = PodSamples(
+        samples={a: Sample(55, 1)},
+        problems={c: Problem(Reason.INVALID_VALUE, "NaN")},
+        read_at=1005.0,
+    )
+    second = await read_full(metrics, Server, last=first)
+    util = second.signals[GPU_UTIL]
+    assert util.samples == {a: Sample(55, 1), b: Sample(60, 7)} and c in util.problems
+    assert util.read_at == 1005.0 and util.held is None and util.carried == {b}
+    metrics.answers[GPU_UTIL] = PodSamples(samples={a: Sample(50, 1)}, read_at=1010.0)
+    third = await read_full(metrics, Server, last=second)
+    assert third.signals[GPU_UTIL].samples[b] == Sample(60, 12), "aged from read to read"
+    metrics.answers[GPU_UTIL] = PodSamples(
+        samples={a: Sample(50, 1)}, read_at=1010.0 + MAX_SAMPLE_AGE_SECONDS
+    )
+    late = await read_full(metrics, Server, last=third)
+    assert b not in late.signals[GPU_UTIL].samples, "older than any workload may use"
+
+
+async def test_a_pod_left_out_of_an_answer_does_not_change_the_answer_read_before() -> None:
+    a, b = ("ns", "a"), ("ns", "b")
+    before = PodSamples(samples={a: Sample(50, 1), b: Sample(60, 1)}, read_at=1000.0)
+    metrics = FakeMetrics(answers={GPU_UTIL: before})
+    first = await read_full(metrics, Server)
+    now = PodSamples(samples={a: Sample(55, 1)}, read_at=1005.0)
+    metrics.answers[GPU_UTIL] = now
+    await read_full(metrics, Server, last=first)
+    assert first.signals[GPU_UTIL].samples == {a: Sample(50, 1), b: Sample(60, 1)}
+    assert now.samples == {a: Sample(55, 1)}
+
+
+def test_a_carried_pod_a_moved_read_answers_for_is_carried_no_longer() -> None:
+    a, b = ("ns", "a"), ("ns", "b")
+    base = PodSamples(samples={a: Sample(50, 1), b: Sample(60, 7)}, carried=frozenset({a, b}))
+    update = PodSamples(samples={a: Sample(90, 2)})
+    assert merged(base, update).carried == {b}

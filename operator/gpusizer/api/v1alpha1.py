@@ -193,6 +193,8 @@ class ReplicasSpec(_Model):
 ACTIVATOR_PORTS = range(20000, 30000)
 
 DNS_LABEL_OR_EMPTY = r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$"
+# the most metrics.maxSampleAgeSeconds may be: a sample older than this serves no workload
+MAX_SAMPLE_AGE_SECONDS = 3600
 
 
 class ActivatorSpec(_Model):
@@ -341,7 +343,7 @@ class MetricsSpec(_Model):
         90,
         alias="maxSampleAgeSeconds",
         ge=1,
-        le=3600,
+        le=MAX_SAMPLE_AGE_SECONDS,
         description="Samples older than this count as missing.",
     )
 

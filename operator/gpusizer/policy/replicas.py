@@ -28,6 +28,9 @@ class ReplicaCounts:
     # ready pods that became ready after the metrics were sampled: the metrics do not show
     # their capacity yet, so they are counted like starting ones
     unobserved: int = 0
+    # ready pods whose samples are an earlier read's, their series gone from the latest answers
+    # (a failed scrape): decided on while fresh, but no reason to remove capacity
+    unscraped: int = 0
     # measured time from a pod's creation to Ready, the newest seen; None when none measured
     startup_seconds: float | None = None
 
@@ -163,7 +166,7 @@ def decide_replicas(
         return _decide_at_zero(spec, signals, history, now, zero_allowed, demand_outside, decision)
 
     idle_for = now - last_active
-    if zero_allowed and idle and idle_for >= idle_seconds:
+    if zero_allowed and idle and idle_for >= idle_seconds and counts.unscraped == 0:
         source = (
             f"learned for a {stz.max_cold_start_percent:g}% cold-start budget"
             if learned is not None
@@ -210,9 +213,10 @@ def decide_replicas(
     stepped = _step_limit(history.scale_events, rules, counts.current, desired, now)
     if stepped != desired:
         desired, limited = stepped, Reason.STEP_LIMIT
-    if counts.unobserved > 0 and desired < counts.current:
-        # Metrics older than the newest ready pods say nothing about them: wait one sample,
-        # without recording it, so the down window is not pinned by the wait.
+    if (counts.unobserved > 0 or counts.unscraped > 0) and desired < counts.current:
+        # Metrics older than the newest ready pods say nothing about them, and a pod's last
+        # samples say nothing of the load since its scrape failed: wait for a sample, without
+        # recording it, so the down window is not pinned by the wait.
         desired, limited = counts.current, Reason.NOT_LIMITED
     # The bounds are hard: a step limit shapes moves inside them, never keeps the workload out.
     if desired > rules.maximum:

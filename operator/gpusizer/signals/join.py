@@ -47,6 +47,7 @@ class WorkloadSignals:
     sample_age_seconds: float | None
     problems: tuple[SignalProblem, ...]
     unobserved: int = 0  # ready pods too new to have samples yet
+    unscraped: int = 0  # ready pods decided on an earlier read's samples (reader._carried)
 
 
 def _not_yet_observed(
@@ -170,6 +171,13 @@ def workload_signals(
         outage,
     )
     ready = [p for p in ready if (p.namespace, p.name) not in fresh]
+    unscraped = sum(
+        any(
+            isinstance(s, PodSamples) and (p.namespace, p.name) in s.carried
+            for s in (batched(MIG_UTIL if p.is_mig else GPU_UTIL), queue_source)
+        )
+        for p in ready
+    )
 
     utilization: float | None = None
     if ready:
@@ -238,6 +246,7 @@ def workload_signals(
         sample_age_seconds=max(ages) if ages else None,
         problems=tuple(problems),
         unobserved=len(fresh),
+        unscraped=unscraped,
     )
 
 

@@ -50,6 +50,9 @@ class PodSamples:
     # the first read of the run that failed)
     held: Problem | None = None
     held_since: float | None = None
+    # pods the read left out whose samples are an earlier read's, aged since (reader._carried):
+    # decided on while fresh, never scaled down on
+    carried: frozenset[PodKey] = frozenset()
 
 
 def parse_number(raw: Any) -> float | None:
@@ -208,4 +211,5 @@ def merged(base: PodSamples, update: PodSamples) -> PodSamples:
     samples.update(update.samples)
     problems = {k: v for k, v in base.problems.items() if k not in update.samples}
     problems.update(update.problems)
-    return PodSamples(samples, problems, base.read_at, base.held, base.held_since)
+    carried = base.carried - update.samples.keys() - update.problems.keys()
+    return PodSamples(samples, problems, base.read_at, base.held, base.held_since, carried)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from gpusizer.api.v1alpha1 import Server
+from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
 from gpusizer.ledger import WINDOWS, LedgerRow, ledger_rows
 from gpusizer.ports import MetricsSource
 from gpusizer.signals.cache import PeriodicCache
@@ -47,6 +47,7 @@ async def read_full(
     snap.signals, snap.errors = await source.per_pod_batch(queries)
     if last is not None and snap.signals:
         _held(snap, last)
+        _carried(snap, last)
     if slow_from is not None:
         for name in SLOW_SIGNALS:
             if name in slow_from.signals:
@@ -73,10 +74,45 @@ def _held(snap: Snapshot, last: Snapshot) -> None:
             and problem.reason is Reason.PROMETHEUS_UNREACHABLE
             and kept is not None
         ):
-            read_at = last.time if kept.read_at is None else kept.read_at
             since = snap.time if kept.held_since is None else kept.held_since
-            snap.signals[name] = PodSamples(kept.samples, kept.problems, read_at, problem, since)
+            snap.signals[name] = PodSamples(
+                kept.samples, kept.problems, _read_time(kept, last), problem, since
+            )
             del snap.errors[name]
+
+
+def _carried(snap: Snapshot, last: Snapshot) -> None:
+    """A pod an answered query left out keeps the sample `last` had of it, aged since, for
+    up to the longest maxSampleAgeSeconds: the join decides on it while it is younger than
+    the workload's, and says StaleSamples after, as of any old sample; meanwhile the
+    workload may scale up on it, never down (ReplicaCounts.unscraped). Prometheus drops every
+    series of a scrape target at once when one scrape of it fails (staleness markers), so a
+    single failed scrape of an exporter made each workload of its pods say its metrics lost
+    and, a scrape later, back; at 10,000 workloads on two cores the status writes and Events
+    of those flips kept the cluster too busy to scrape (bench/README.md, "Issue 29")."""
+    for name, samples in list(snap.signals.items()):
+        before = last.signals.get(name)
+        if before is None or before is samples or samples.held is not None:
+            continue
+        gap = _read_time(samples, snap) - _read_time(before, last)
+        kept = {
+            key: Sample(sample.value, sample.age + gap)
+            for key, sample in before.samples.items()
+            if key not in samples.samples
+            and key not in samples.problems
+            and sample.age + gap <= MAX_SAMPLE_AGE_SECONDS
+        }
+        if kept:
+            snap.signals[name] = PodSamples(
+                {**kept, **samples.samples},
+                samples.problems,
+                samples.read_at,
+                carried=frozenset(kept),
+            )
+
+
+def _read_time(samples: PodSamples, snap: Snapshot) -> float:
+    return snap.time if samples.read_at is None else samples.read_at
 
 
 async def read_moved(source: MetricsSource, base: Snapshot, since_seconds: float) -> Snapshot:
