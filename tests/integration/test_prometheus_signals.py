@@ -14,6 +14,7 @@ from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.prometheus import PrometheusSource
 from gpusizer.signals.queries import (
     GPU_UTIL,
+    KV_CACHE,
     MEMORY,
     MIG_UTIL,
     full_read_queries,
@@ -46,6 +47,10 @@ def whole(pod: str, util: str, gpu: int = 0, host: str = "Hostname", ts: str = "
         f'namespace="llm",pod="{pod}"'
     )
     return f"DCGM_FI_DEV_GPU_UTIL{{{labels},{tail}}} {util}{(' ' + ts) if ts else ''}\n"
+
+
+def kv_cache(pod: str, share: str) -> str:
+    return f'vllm:kv_cache_usage_perc{{namespace="llm",pod="{pod}",model_name="m"}} {share}\n'
 
 
 def queue(pod: str, value: str) -> str:
@@ -244,6 +249,8 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
         "mig-flat": (mig("mig-flat", "0.001"), mig("mig-flat", "0.0012")),  # 0.02 points
         "busy": (queue("busy", "1"), queue("busy", "9")),
         "idle": (queue("idle", "0"), queue("idle", "0")),
+        "kv-up": (kv_cache("kv-up", "0.30"), kv_cache("kv-up", "0.60")),
+        "kv-flat": (kv_cache("kv-flat", "0.300"), kv_cache("kv-flat", "0.305")),  # 1.7 %
     }
 
     def body(which: int, at: float) -> str:
@@ -270,6 +277,9 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
     assert mig_util[("llm", "mig-up")].value == pytest.approx(43)
     assert mig_util[("llm", "mig-flat")].value == pytest.approx(0.1)
     assert waiting[("llm", "busy")].value == 9 and waiting[("llm", "idle")].value == 0
+    kv = moved.signals[KV_CACHE].samples
+    assert kv[("llm", "kv-up")].value == 0.6, "a share of the KV cache moves too"
+    assert kv[("llm", "kv-flat")].value == 0.3
     assert util[("llm", "up")].age == since, "at most since the previous read"
     assert util[("llm", "flat")].age == base.signals[GPU_UTIL].samples[("llm", "flat")].age
     assert MEMORY not in moved.signals or moved.signals[MEMORY] is base.signals[MEMORY]

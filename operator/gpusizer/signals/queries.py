@@ -101,6 +101,15 @@ _AGGREGATIONS = {"mean": "avg", "max": "max", "sum": "sum"}
 # a reading moved when it changed by more than this share of the larger value (and of at least 1)
 MOVE_FRACTION = 0.05
 
+
+def move_floor(signal: str, scale: float) -> float:
+    """The value a reading under it counts as when moves are told (`moved_pod_query`): one
+    percent of a GPU (1 in DCGM's percent, 0.01 of GR_ENGINE_ACTIVE's share) or of the KV cache
+    (vLLM's share), one waiting request. Taken as 1 / scale, a KV cache share was always under
+    it, and its moves waited for the next full read."""
+    return 0.01 if signal == KV_CACHE else 1 / scale
+
+
 # A sample is stored when its scrape ends but stamped when it began: a read compares each pod's
 # value now with its value this long before the previous read, so that a scrape which began
 # before that read and landed after it still shows as a move. One that took longer waits for
@@ -169,8 +178,8 @@ def full_read_queries(servers: Iterable[Server]) -> dict[str, PodQuery]:
 
 def moved_pod_query(selector: str, combine: str, floor: float, since_seconds: float) -> str:
     """Each pod's value (its series combined), for only the pods whose value moved by more than
-    MOVE_FRACTION since `since_seconds` ago; values under `floor` (the value that reads as 1)
-    count as `floor`, so a pod idling between 0 and 1 % does not move.
+    MOVE_FRACTION since `since_seconds` ago; values under `floor` (`move_floor`) count as
+    `floor`, so a pod idling between 0 and 1 % does not move.
 
     Prometheus does the filtering, so a read between two full snapshots costs the operator the
     pods that moved, not every pod, and costs Prometheus about as much as one query of a full

@@ -22,6 +22,7 @@ from gpusizer.signals.queries import (
     history_queries,
     instance_queries,
     ledger_queries,
+    move_floor,
     moved_pod_query,
 )
 from gpusizer.signals.snapshot import Snapshot
@@ -122,7 +123,11 @@ async def read_moved(source: MetricsSource, base: Snapshot, since_seconds: float
     whose query fails keeps `base`'s samples: the next full read says whether Prometheus is
     failing. A moved pod's age is taken as `since_seconds`, the most it can be."""
     wanted = {
-        name: PodQuery(moved_pod_query(selector, combine, 1 / scale, since_seconds), scale, combine)
+        name: PodQuery(
+            moved_pod_query(selector, combine, move_floor(name, scale), since_seconds),
+            scale,
+            combine,
+        )
         for name, (selector, scale, combine) in batched_signals(Server).items()
         if name in REPLICA_SIGNALS and name in base.signals and base.signals[name].samples
     }
