@@ -82,6 +82,15 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
 # --- the operator process ---------------------------------------------------------------------
 
 
+def control_plane_pids(state_dir: Path) -> dict[str, int]:
+    """The local cluster's components by name (its `pids` file: `name pid` lines)."""
+    try:
+        lines = (state_dir / "pids").read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return {name: int(pid) for name, pid in (line.split() for line in lines if line.strip())}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -409,6 +418,9 @@ def measure(
         for name, key in (("prometheus", "PROMETHEUS_PID"), ("gpusim", "GPUSIM_PID"))
         if cluster.env.get(key)
     }
+    apiserver = control_plane_pids(cluster.state_dir).get("kube-apiserver")
+    if apiserver is not None:
+        neighbours["apiserver"] = apiserver
     n0 = {name: cpu_seconds(p) for name, p in neighbours.items()}
     m0, c0, t0 = scrape(op.metrics_port), cpu_seconds(pid), time.monotonic()
     profile = None
@@ -495,7 +507,7 @@ def measure(
             f"{name}_cpu_cores": round((n1[name] - n0[name]) / (t1 - t0), 3)
             if name in neighbours
             else math.nan
-            for name in ("prometheus", "gpusim")
+            for name in ("prometheus", "gpusim", "apiserver")
         },
         "per_cycle": {
             key.split(":", 1)[1]: round(delta(key) / cycles, 2)
@@ -571,6 +583,7 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
         ("reconcile_ms", "{:.1f}"),
         ("prometheus_cpu_cores", "{:.2f}"),
         ("gpusim_cpu_cores", "{:.2f}"),
+        ("apiserver_cpu_cores", "{:.2f}"),
     ]
     rows = [[c for c, _ in cols]]
     for size, r in sizes.items():
