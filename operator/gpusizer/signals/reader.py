@@ -90,7 +90,8 @@ def _carried(snap: Snapshot, last: Snapshot) -> None:
     series of a scrape target at once when one scrape of it fails (staleness markers), so a
     single failed scrape of an exporter made each workload of its pods say its metrics lost
     and, a scrape later, back; at 10,000 workloads on two cores the status writes and Events
-    of those flips kept the cluster too busy to scrape (bench/README.md, "Issue 29")."""
+    of those flips kept the cluster too busy to scrape (bench/README.md, "Issue 29: a failed
+    scrape is not a lost metric")."""
     for name, samples in list(snap.signals.items()):
         before = last.signals.get(name)
         if before is None or before is samples or samples.held is not None:
