@@ -196,6 +196,15 @@ def test_ready_pods_decided_on_an_earlier_reads_samples_are_counted() -> None:
         spec(), [pod("a"), pod("b")], snapshot(gpu=samples({"a": 80, "b": 60}), queue=queue), NOW
     )
     assert both.unscraped == 2
+    kv = samples({"a": 0.5, "b": 0.5})
+    kv.carried = frozenset({("llm", "a")})
+    snap = snapshot(gpu=samples({"a": 80, "b": 60}), queue=samples({"a": 1, "b": 1}))
+    snap.signals[KV_CACHE] = kv
+    assert workload_signals(spec(), [pod("a"), pod("b")], snap, NOW).unscraped == 0
+    on_kv = spec().model_copy(
+        update={"replicas": spec().replicas.model_copy(update={"target_kv_cache_usage": 80.0})}
+    )
+    assert workload_signals(on_kv, [pod("a"), pod("b")], snap, NOW).unscraped == 1
 
 
 def test_a_pod_ready_during_an_outage_is_awaited_from_when_prometheus_came_back() -> None:

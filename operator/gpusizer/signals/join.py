@@ -171,10 +171,11 @@ def workload_signals(
         outage,
     )
     ready = [p for p in ready if (p.namespace, p.name) not in fresh]
+    kv_source = batched(KV_CACHE) if spec.replicas.target_kv_cache_usage is not None else None
     unscraped = sum(
         any(
             isinstance(s, PodSamples) and (p.namespace, p.name) in s.carried
-            for s in (batched(MIG_UTIL if p.is_mig else GPU_UTIL), queue_source)
+            for s in (batched(MIG_UTIL if p.is_mig else GPU_UTIL), queue_source, kv_source)
         )
         for p in ready
     )
