@@ -81,7 +81,7 @@ def scraped_before(snapshot: Snapshot, moment: float) -> tuple[int, int]:
     for signal, samples in snapshot.signals.items():
         if signal not in REPLICA_SIGNALS:
             continue
-        read_at = snapshot.time if samples.read_at is None else samples.read_at
+        read_at = samples.read_time(snapshot.time)
         for sample in samples.samples.values():
             total += 1
             before += read_at - sample.age <= moment

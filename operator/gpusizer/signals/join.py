@@ -74,15 +74,11 @@ def _not_yet_observed(
         if any(
             isinstance(s, PodSamples)
             and key not in s.samples
-            and _read_at(s, now) - seen_from < max_age
+            and s.read_time(now) - seen_from < max_age
             for s in sources(pod)
         ):
             fresh.add(key)
     return fresh
-
-
-def _read_at(samples: PodSamples, now: float) -> float:
-    return now if samples.read_at is None else samples.read_at
 
 
 def _fleet_value(
@@ -113,7 +109,7 @@ def _fleet_value(
             continue
         age = sample.age
         if samples.held is not None:  # from a read before the one that failed: aged since
-            age += now - _read_at(samples, now)
+            age += now - samples.read_time(now)
             if age > max_age:
                 return [], SignalProblem(
                     name,
@@ -171,7 +167,8 @@ def workload_signals(
         outage,
     )
     ready = [p for p in ready if (p.namespace, p.name) not in fresh]
-    kv_source = batched(KV_CACHE) if spec.replicas.target_kv_cache_usage is not None else None
+    on_kv = spec.replicas.target_kv_cache_usage is not None
+    kv_source = batched(KV_CACHE) if on_kv else None
     unscraped = sum(
         any(
             isinstance(s, PodSamples) and (p.namespace, p.name) in s.carried
@@ -209,8 +206,8 @@ def workload_signals(
             ages.extend(age for _, age in found)
 
     kv_cache: float | None = None
-    if ready and spec.replicas.target_kv_cache_usage is not None:
-        found, problem = _fleet_value("kvCacheUsage", ready, batched(KV_CACHE), max_age, now)
+    if ready and on_kv:
+        found, problem = _fleet_value("kvCacheUsage", ready, kv_source, max_age, now)
         if problem:
             problems.append(problem)
         else:

@@ -54,6 +54,11 @@ class PodSamples:
     # decided on while fresh, never scaled down on
     carried: frozenset[PodKey] = frozenset()
 
+    def read_time(self, default: float) -> float:
+        """When Prometheus answered the read, else `default` (the snapshot's or the decision's
+        time)."""
+        return default if self.read_at is None else self.read_at
+
 
 def parse_number(raw: Any) -> float | None:
     """Prometheus encodes sample values as strings; anything else is invalid."""

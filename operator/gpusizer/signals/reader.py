@@ -77,7 +77,7 @@ def _held(snap: Snapshot, last: Snapshot) -> None:
         ):
             since = snap.time if kept.held_since is None else kept.held_since
             snap.signals[name] = PodSamples(
-                kept.samples, kept.problems, _read_time(kept, last), problem, since
+                kept.samples, kept.problems, kept.read_time(last.time), problem, since
             )
             del snap.errors[name]
 
@@ -96,7 +96,7 @@ def _carried(snap: Snapshot, last: Snapshot) -> None:
         before = last.signals.get(name)
         if before is None or before is samples or samples.held is not None:
             continue
-        gap = _read_time(samples, snap) - _read_time(before, last)
+        gap = samples.read_time(snap.time) - before.read_time(last.time)
         kept = {
             key: Sample(sample.value, sample.age + gap)
             for key, sample in before.samples.items()
@@ -111,10 +111,6 @@ def _carried(snap: Snapshot, last: Snapshot) -> None:
                 samples.read_at,
                 carried=frozenset(kept),
             )
-
-
-def _read_time(samples: PodSamples, snap: Snapshot) -> float:
-    return snap.time if samples.read_at is None else samples.read_at
 
 
 async def read_moved(source: MetricsSource, base: Snapshot, since_seconds: float) -> Snapshot:
