@@ -19,6 +19,7 @@ from gpusizer.signals.queries import (
     MIG_UTIL,
     full_read_queries,
     queue_signal,
+    request_rate_signal,
 )
 from gpusizer.signals.reader import read_full, read_moved
 from gpusizer.vocabulary import Reason
@@ -315,3 +316,33 @@ async def test_kv_cache_and_served_request_rate_from_vllm_series(
     assert got.signals.kv_cache_usage == pytest.approx(0.6)
     # rate() extrapolates the two samples towards the window's edges
     assert got.signals.request_rate is not None and 1.5 <= got.signals.request_rate <= 3.5
+
+
+async def test_a_rate_has_no_sample_time_for_a_twin_to_tell(
+    prometheus: str, exporter: Exporter
+) -> None:
+    """`timestamp()` of a rate is the instant Prometheus evaluated it at, however old its
+    samples: the full read's request rate query asks no twin, which was a second range
+    selection of every pod's counter (queries.WINDOWED_SIGNALS)."""
+    labels = 'namespace="llm",pod="rate-age",model_name="m"'
+    now = time.time()
+    for count, ago in ((10, 50), (40, 35)):
+        exporter.set(stamped(f"vllm:request_success_total{{{labels}}} {count}", now - ago))
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    at = time.time()
+    stamps, problem = await source.query(
+        'timestamp(rate(vllm:request_success_total{pod="rate-age"}[1m]))', "rate", at
+    )
+    assert problem is None and [float(s["value"][1]) for s in stamps] == [
+        pytest.approx(at, abs=0.002)
+    ], stamps
+    sampled, problem = await source.query(
+        'timestamp(vllm:request_success_total{pod="rate-age"})', "rate", at
+    )
+    assert problem is None and [float(s["value"][1]) for s in sampled] == [
+        pytest.approx(now - 35, abs=0.002)
+    ]
+
+    snapshot = await read_full(source, [Server.VLLM])
+    rate = snapshot.signals[request_rate_signal(Server.VLLM)].samples[("llm", "rate-age")]
+    assert rate.value == pytest.approx(1.0, rel=0.5) and rate.age == 0

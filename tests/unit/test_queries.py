@@ -7,11 +7,15 @@ from pathlib import Path
 
 from gpusizer.api.v1alpha1 import Server
 from gpusizer.signals.queries import (
+    GPU_UTIL,
     SERVER_COUNTERS,
+    TIMESTAMP_LABEL,
     full_read_queries,
     history_queries,
     instance_queries,
     ledger_queries,
+    queue_signal,
+    request_rate_signal,
 )
 
 from tests.unit.test_docs import assert_valid_promql
@@ -39,3 +43,14 @@ def test_mig_energy_is_read_per_instance_never_summed_per_pod() -> None:
     for promql in instance_queries(600).values():
         assert promql.startswith("sum by (UUID, GPU_I_ID, GPU_I_PROFILE, modelName, namespace")
         assert 'GPU_I_ID!=""' in promql
+
+
+def test_sampled_signals_ask_for_their_age_and_windowed_ones_do_not() -> None:
+    queries = full_read_queries([Server.VLLM, Server.TRITON])
+    for name in (GPU_UTIL, queue_signal(Server.VLLM)):
+        assert TIMESTAMP_LABEL in queries[name].promql
+        assert "timestamp(" in queries[name].promql
+    for server in (Server.VLLM, Server.TRITON):
+        promql = queries[request_rate_signal(server)].promql
+        assert "timestamp(" not in promql and TIMESTAMP_LABEL not in promql, promql
+        assert promql.count("rate(") == 1

@@ -133,6 +133,10 @@ REPLICA_SIGNALS = frozenset(
 )
 # the batched signals that size slices, not replicas: read less often than a sync period
 SLOW_SIGNALS = frozenset({MEMORY})
+# signals taken over a window rather than read off a sample: `timestamp()` of one is the
+# instant Prometheus evaluated it at, so a timestamp twin would say nothing of its age and
+# cost Prometheus a second range selection of every pod's counter (`pod_query`)
+WINDOWED_SIGNALS = frozenset(request_rate_signal(s) for s in SERVED_COUNTERS)
 
 
 def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, str]]:
@@ -149,29 +153,30 @@ def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, st
     return wanted
 
 
-def pod_query(selector: str, combine: str) -> str:
-    """One query that returns each pod's value (its GPUs combined) and, as a twin series, the
-    time of its oldest sample.
+def pod_query(selector: str, combine: str, dated: bool = True) -> str:
+    """One query that returns each pod's value (its GPUs combined) and, unless not `dated`, as
+    a twin series, the time of its oldest sample.
 
     Prometheus combines a pod's GPUs, so a series carries the four pod labels rather than each
     GPU's dozen: decoding and matching every GPU's labels was the largest part of the
     operator's CPU (bench/README.md). A NaN on any GPU makes the pod's value NaN, so an
     invalid series still makes the whole pod unknown. `timestamp()` keeps the labels minus the
     name, so `or` would drop the twin as a duplicate; an extra label keeps both, and the number
-    of queries stays one per signal.
+    of queries stays one per signal. Prometheus evaluates the selector once for each half: the
+    twin is half the query's work, spared where it cannot tell an age (WINDOWED_SIGNALS).
     """
     by = f"by ({POD_LABELS})"
+    value = f"{_AGGREGATIONS[combine]} {by} ({selector})"
+    if not dated:
+        return value
     oldest = f"min {by} (timestamp({selector}))"
-    return (
-        f"({_AGGREGATIONS[combine]} {by} ({selector})) or "
-        f'label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
-    )
+    return f'({value}) or label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
 
 
 def full_read_queries(servers: Iterable[Server]) -> dict[str, PodQuery]:
     """Every signal for every pod: the queries of a full read."""
     return {
-        name: PodQuery(pod_query(selector, combine), scale, combine)
+        name: PodQuery(pod_query(selector, combine, name not in WINDOWED_SIGNALS), scale, combine)
         for name, (selector, scale, combine) in batched_signals(servers).items()
     }
 
