@@ -45,7 +45,7 @@ from gpusizer.signals.autoscalers import AutoscalerLister, TargetKey
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.discovery import OfferCache
 from gpusizer.signals.health import PrometheusHealth
-from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.prometheus import WINDOW_QUERY_THREADS, PrometheusSource
 from gpusizer.signals.reader import HistoryCache, LedgerCache, SnapshotReader
 from gpusizer.sweep import Lister, PodSweep, pod_uids, workload_uids
 from gpusizer.workload import Turns, Workload
@@ -214,6 +214,7 @@ def start(
     asyncio.get_running_loop().set_default_executor(executor)
     client = api_client()
     prometheus = PrometheusSource(config.prometheus)
+    windows = PrometheusSource(config.prometheus, threads=WINDOW_QUERY_THREADS)
     catalog = load_catalog(Path(config.catalog_file) if config.catalog_file else None)
     targets = Targets(client)
     runtime: Runtime | None = None
@@ -223,7 +224,7 @@ def start(
             runtime.activator_replicas_changed()
 
     routes = Routes(client, config.activator_service, activator_replicas_changed)
-    history = HistoryCache(prometheus, config.rightsizing_period_seconds)
+    history = HistoryCache(windows, config.rightsizing_period_seconds)
     services = Services(
         metrics=prometheus,
         targets=targets,
@@ -238,7 +239,7 @@ def start(
             measurer=Measurer(
                 catalog,
                 history,
-                LedgerCache(prometheus, config.rightsizing_period_seconds),
+                LedgerCache(windows, config.rightsizing_period_seconds),
                 max_gap_seconds=config.max_accounted_gap_seconds,
             ),
             surprise_share=config.prediction_tolerance,

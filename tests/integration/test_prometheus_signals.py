@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote_plus
 
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.settings import PrometheusSettings
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.pods import PodInfo
-from gpusizer.signals.prometheus import PrometheusSource
+from gpusizer.signals.prometheus import WINDOW_QUERY_THREADS, PrometheusSource
 from gpusizer.signals.queries import (
     GPU_UTIL,
     KV_CACHE,
@@ -21,7 +23,7 @@ from gpusizer.signals.queries import (
     queue_signal,
     request_rate_signal,
 )
-from gpusizer.signals.reader import read_full, read_moved
+from gpusizer.signals.reader import read_full, read_ledger, read_moved
 from gpusizer.vocabulary import Reason
 
 from tests.integration.conftest import Exporter
@@ -205,6 +207,61 @@ async def test_a_query_that_times_out_is_said_so_and_not_sent_again() -> None:
     assert problem.reason == Reason.PROMETHEUS_UNREACHABLE
     assert problem.message.startswith("timed out: ") and "Read timed out" in problem.message
     assert len(asked) == 1, asked
+
+
+async def test_window_reads_leave_the_replica_reads_their_threads() -> None:
+    """The ledger's twelve range queries, on their own source, hold at most its threads while
+    Prometheus is slow to answer them, and a full read on the operator's source goes through
+    meanwhile (startup wires the window reads so)."""
+    release, busy = threading.Event(), threading.Event()
+    in_flight: list[str] = []
+    most = 0
+    lock = threading.Lock()
+
+    class Server_(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            nonlocal most
+            query = unquote_plus(self.path)
+            window = "increase(" in query or "_over_time(" in query
+            if window:
+                with lock:
+                    in_flight.append(self.path)
+                    most = max(most, len(in_flight))
+                    if len(in_flight) == WINDOW_QUERY_THREADS:
+                        busy.set()
+                release.wait(10)
+                with lock:
+                    in_flight.remove(self.path)
+            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Server_)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = PrometheusSettings(
+        url=f"http://127.0.0.1:{server.server_address[1]}", timeout_seconds=5
+    )
+    try:
+        ledger = asyncio.create_task(
+            read_ledger(PrometheusSource(settings, threads=WINDOW_QUERY_THREADS))
+        )
+        assert await asyncio.to_thread(busy.wait, 5), in_flight
+        snapshot = await read_full(PrometheusSource(settings), [Server.VLLM])
+        assert snapshot.errors == {} and len(in_flight) == WINDOW_QUERY_THREADS
+    finally:
+        release.set()
+    try:
+        rows, problems = await ledger
+    finally:
+        server.shutdown()
+    assert rows == [] and problems == []
+    assert most == WINDOW_QUERY_THREADS
 
 
 async def test_bad_promql_is_a_query_error(prometheus: str) -> None:

@@ -35,6 +35,13 @@ from gpusizer.vocabulary import Reason
 log = logging.getLogger(__name__)
 
 QUERY_THREADS = 8  # a full read's queries run at once, plus room for user queries
+# The reads over a window (right-sizing's history, the efficiency figures, the ledger) are a
+# few dozen range queries every right-sizing period, each of them costlier than a whole full
+# read. They run on a source of their own with this many threads: on the readers' threads the
+# ledger's twelve took all eight, the replica reads queued behind them, and so many range
+# queries at once kept a Prometheus of 10,000 workloads from answering those reads within
+# their timeout (bench/README.md, "Issue 29: window reads in a lane of their own").
+WINDOW_QUERY_THREADS = 2
 # A refused connection or a 502-504 is asked once more; a query that timed out is not. Sent
 # again, it would load a Prometheus that is already slow, and the read would wait a second
 # timeout. And urllib3 keeps the timeout with its traceback on the retry's response: every
@@ -67,7 +74,7 @@ def _reject_unauthorized(response: requests.Response, *args: Any, **kwargs: Any)
 
 
 class PrometheusSource:
-    def __init__(self, settings: PrometheusSettings) -> None:
+    def __init__(self, settings: PrometheusSettings, threads: int = QUERY_THREADS) -> None:
         self._settings = settings
         session = requests.Session()
         # PrometheusConnect ignores disable_ssl when given a session: verification is set here.
@@ -84,9 +91,7 @@ class PrometheusSource:
         )
         # Queries get threads of their own: in the shared pool a read waited behind every
         # workload's target read (bench/README.md).
-        self._executor = ThreadPoolExecutor(
-            max_workers=QUERY_THREADS, thread_name_prefix="prometheus"
-        )
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prometheus")
 
     async def query(
         self, promql: str, signal: str, at: float | None = None
