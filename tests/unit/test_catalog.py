@@ -338,3 +338,15 @@ def test_valid_layouts_are_every_layout_the_gpu_holds_and_no_other() -> None:
     assert ("1g.10gb",) * 8 not in layouts and ("4g.40gb", "4g.40gb") not in layouts
     assert all(layout_is_valid(h100, list(layout)) for layout in layouts)
     assert valid_layouts(load_catalog().products["l4"]) == []
+
+
+def test_every_slice_is_found_by_its_resource_and_by_its_key() -> None:
+    catalog = load_catalog()
+    for slice_ in catalog.slices():
+        label = slice_.product.gfd_label
+        found = catalog.slice_for(slice_.resource, label)
+        assert found is not None and found.product.key == slice_.product.key
+        assert found.resource == slice_.resource
+        assert catalog.slice_for(slice_.resource, f"{label}-MIG-1g.10gb") is found
+        assert catalog.slice(*slice_.key) is slice_
+    assert catalog.slice_for("nvidia.com/mig-7g.80gb", "no-such-product") is None

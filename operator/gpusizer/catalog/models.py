@@ -185,6 +185,13 @@ class Catalog:
         self._by_label = {p.gfd_label: p for p in data.products.values()}
         self._by_model_name = {p.model_name: p for p in data.products.values()}
         self._slices = [s for p in data.products.values() for s in self._product_slices(p)]
+        # asked for every pod at every turn (and every emulator tick): a lookup, not a scan;
+        # the first slice of a key wins, as the scan's did
+        self._by_resource: dict[tuple[str, str], Slice] = {}
+        self._by_key: dict[tuple[str, str], Slice] = {}
+        for slice_ in self._slices:
+            self._by_resource.setdefault((slice_.product.key, slice_.resource), slice_)
+            self._by_key.setdefault(slice_.key, slice_)
 
     def product_by_label(self, gfd_label: str) -> GPUProduct | None:
         """Product for a `nvidia.com/gpu.product` value, including single-strategy `-MIG-` ones."""
@@ -199,22 +206,14 @@ class Catalog:
     def slice_for(self, resource: str, product_label: str) -> Slice | None:
         """The slice a pod gets from a resource name on a node with this product label."""
         product = self.product_by_label(product_label)
-        if product is None:
-            return None
-        for candidate in self._slices:
-            if candidate.product.key == product.key and candidate.resource == resource:
-                return candidate
-        return None
+        return None if product is None else self._by_resource.get((product.key, resource))
 
     def product_by_model_name(self, model_name: str) -> GPUProduct | None:
         """Product for dcgm-exporter's `modelName` label (the NVML name)."""
         return self._by_model_name.get(model_name)
 
     def slice(self, name: str, product_key: str) -> Slice | None:
-        for candidate in self._slices:
-            if candidate.key == (name, product_key):
-                return candidate
-        return None
+        return self._by_key.get((name, product_key))
 
     def relative_throughput(self, product: GPUProduct, compute: float, bandwidth: float) -> float:
         """Estimated throughput against the reference GPU; compute/bandwidth are the shares."""
