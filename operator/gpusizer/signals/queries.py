@@ -154,8 +154,8 @@ def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, st
 
 
 def pod_query(selector: str, combine: str, dated: bool = True) -> str:
-    """One query that returns each pod's value (its GPUs combined) and, unless not `dated`, as
-    a twin series, the time of its oldest sample.
+    """One query that returns each pod's value (its GPUs combined) and, when `dated`, as a
+    twin series, the time of its oldest sample.
 
     Prometheus combines a pod's GPUs, so a series carries the four pod labels rather than each
     GPU's dozen: decoding and matching every GPU's labels was the largest part of the
