@@ -246,6 +246,7 @@ class KubeCluster:
         }
         self._stop = threading.Event()
         self._first_running: dict[str, float] = {}
+        self._node_infos: dict[str, tuple[Obj, NodeInfo]] = {}
         self._pod_infos = PodInfos(
             self._informers["replicasets"].get,
             self._informers["deployments"].get,
@@ -359,18 +360,15 @@ class KubeCluster:
     # MigNodeClient
 
     def nodes(self) -> Sequence[NodeInfo]:
-        result = []
+        """Each node's NodeInfo, the same object while the node is (devices.NodeDevices
+        derives a node's devices again only when it is another)."""
+        known: dict[str, tuple[Obj, NodeInfo]] = {}
         for obj in self._informers["nodes"].items():
-            meta = obj["metadata"]
-            result.append(
-                NodeInfo(
-                    name=meta["name"],
-                    labels=meta.get("labels") or {},
-                    allocatable=(obj.get("status") or {}).get("allocatable") or {},
-                    annotations=meta.get("annotations") or {},
-                )
-            )
-        return result
+            name = obj["metadata"]["name"]
+            cached = self._node_infos.get(name)
+            known[name] = cached if cached is not None and cached[0] is obj else (obj, _node(obj))
+        self._node_infos = known
+        return [info for _, info in known.values()]
 
     def gpu_pods(self, node: str) -> list[str]:
         return [
@@ -416,3 +414,13 @@ class KubeCluster:
             "count": 1,
         }
         self.core.create_namespaced_event("default", client.CoreV1Event.from_dict(body))
+
+
+def _node(obj: Obj) -> NodeInfo:
+    meta = obj["metadata"]
+    return NodeInfo(
+        name=meta["name"],
+        labels=meta.get("labels") or {},
+        allocatable=(obj.get("status") or {}).get("allocatable") or {},
+        annotations=meta.get("annotations") or {},
+    )

@@ -13,7 +13,7 @@ from typing import Any
 from gpusizer.catalog import Catalog
 
 from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, WorkloadKey
-from e2e.gpusim.devices import Allocator, Device, devices_of
+from e2e.gpusim.devices import Allocator, Device, NodeDevices
 from e2e.gpusim.exposition import PodServerReading, View
 from e2e.gpusim.model import (
     MODEL_NAME,
@@ -54,6 +54,7 @@ class Simulator:
         self.clock = clock
         self.model = LoadModel(config)
         self._allocator = Allocator()
+        self._node_devices = NodeDevices(catalog)
         self._lock = threading.Lock()
         self._energy: dict[tuple[str, int], float] = {}
         self._accounts: dict[WorkloadKey, Account] = {}
@@ -61,6 +62,8 @@ class Simulator:
         self._pods: dict[str, PodInfo] = {}
         self._assignment: dict[str, list[Device]] = {}
         self._slices: dict[str, str | None] = {}
+        # each Ready pod's server, with the PodInfo it was derived from (`serving`)
+        self._servers_of: dict[str, tuple[PodInfo, ServingPod]] = {}
         self._view = View(devices=[], energy_mj={}, servers=[], workloads={})
         self.served = Served()  # what the pods' HTTP endpoints answered
         # opens the inference servers of the pods that serve, before any is marked Ready (as a
@@ -77,7 +80,7 @@ class Simulator:
         snapshot = self.source.snapshot()
         with self._lock:
             now = self.clock()
-            devices = devices_of(snapshot.nodes, self.catalog)
+            devices = self._node_devices.of(snapshot.nodes)
             pods = [p for p in snapshot.pods if not p.terminating]
             self._assignment = self._allocator.update(pods, devices)
             self._pods = {p.uid: p for p in pods}
@@ -168,27 +171,21 @@ class Simulator:
         return servers
 
     def serving(self) -> list[ServingPod]:
-        """The pods ready to serve, with an IP: each serves the OpenAI API there (openai.py)."""
+        """The pods ready to serve, with an IP: each serves the OpenAI API there (openai.py).
+        A pod's server is derived again only when its PodInfo is another object: at 10,000
+        pods, deriving every one at every tick was a large part of a tick (bench/README.md)."""
         with self._lock:
-            found = []
+            found: dict[str, tuple[PodInfo, ServingPod]] = {}
             for uid, pod in self._pods.items():
                 state = self.model.replicas.get(uid)
                 if state is None or not state.ready or not pod.ip:
                     continue
-                found.append(
-                    ServingPod(
-                        uid=uid,
-                        address=pod.ip,
-                        port=pod.http_port,
-                        workload=pod.workload,
-                        model=pod.annotations.get(MODEL_NAME, pod.workload[1]),
-                        token_seconds=annotation(
-                            pod.annotations, TOKEN_SECONDS, DEFAULT_TOKEN_SECONDS
-                        ),
-                        running_since=pod.running_since or 0.0,
-                    )
+                known = self._servers_of.get(uid)
+                found[uid] = (
+                    known if known is not None and known[0] is pod else (pod, _server(pod, pod.ip))
                 )
-            return found
+            self._servers_of = found
+            return [server for _, server in found.values()]
 
     def set_load(self, key: WorkloadKey, rps: float) -> None:
         with self._lock:
@@ -299,3 +296,15 @@ class Simulator:
             except Exception:
                 log.exception("simulator tick failed")
             stop.wait(interval)
+
+
+def _server(pod: PodInfo, address: str) -> ServingPod:
+    return ServingPod(
+        uid=pod.uid,
+        address=address,
+        port=pod.http_port,
+        workload=pod.workload,
+        model=pod.annotations.get(MODEL_NAME, pod.workload[1]),
+        token_seconds=annotation(pod.annotations, TOKEN_SECONDS, DEFAULT_TOKEN_SECONDS),
+        running_since=pod.running_since or 0.0,
+    )

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from gpusizer.catalog import Catalog, load_catalog
 
-from e2e.gpusim.devices import Allocator, devices_of
+from e2e.gpusim.devices import Allocator, NodeDevices
 from e2e.gpusim.model import LoadModel, ModelConfig, Replica
+from e2e.gpusim.openai import TOKEN_SECONDS
 from e2e.gpusim.sim import Simulator
 from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
 from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
@@ -206,7 +207,7 @@ def test_devices_assignment_is_stable_and_collision_free(catalog: Catalog) -> No
         "gpu-a": gpu_node(catalog, "gpu-a", "h100-80gb", 2, "all-3g.40gb"),
         "gpu-b": gpu_node(catalog, "gpu-b", "h100-80gb", 2),
     }
-    devices = devices_of(nodes, catalog)
+    devices = NodeDevices(catalog).of(nodes)
     assert len(devices) == 4 + 2
     assert len({d.uuid for d in devices if d.node == "gpu-a"}) == 2
     mig = [d for d in devices if d.profile]
@@ -241,7 +242,7 @@ def test_layout_packed_from_allocatable(catalog: Catalog) -> None:
             "nvidia.com/mig-3g.40gb": "2",
         },
     )
-    devices = devices_of({"gpu-c": node}, catalog)
+    devices = NodeDevices(catalog).of({"gpu-c": node})
     by_gpu: dict[int, list[str | None]] = {}
     for d in devices:
         by_gpu.setdefault(d.gpu, []).append(d.profile)
@@ -272,11 +273,26 @@ def test_a_requested_layout_is_not_served_before_it_is_applied(catalog: Catalog)
         labels={**node.labels, "nvidia.com/mig.config": "all-balanced"},  # state still success
         annotations={"gpusim.gpusizer.io/mig-config-applied": "all-disabled"},
     )
-    assert [d.profile for d in devices_of({"gpu-a": requested}, catalog)] == [None, None]
+    devices = NodeDevices(catalog)
+    assert [d.profile for d in devices.of({"gpu-a": requested})] == [None, None]
     applied = dataclasses.replace(
         requested, annotations={"gpusim.gpusizer.io/mig-config-applied": "all-balanced"}
     )
-    assert len(devices_of({"gpu-a": applied}, catalog)) == 8
+    assert len(devices.of({"gpu-a": applied})) == 8
+
+
+def test_a_nodes_devices_are_derived_again_only_when_the_node_changes(catalog: Catalog) -> None:
+    whole = gpu_node(catalog, "gpu-a", "h100-80gb", 1)
+    other = gpu_node(catalog, "gpu-b", "h100-80gb", 1)
+    devices = NodeDevices(catalog)
+    first = devices.of({"gpu-a": whole, "gpu-b": other})
+    again = devices.of({"gpu-a": whole, "gpu-b": other})
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]
+    sliced = gpu_node(catalog, "gpu-a", "h100-80gb", 1, "all-3g.40gb")
+    changed = devices.of({"gpu-a": sliced, "gpu-b": other})
+    assert [d.profile for d in changed] == ["3g.40gb", "3g.40gb", None]
+    assert changed[-1] is first[-1]
+    assert devices.of({"gpu-b": other}) == [first[-1]]  # a node gone takes its devices along
 
 
 def test_simulator_reports_oom_restarts_through_the_source(catalog: Catalog) -> None:
@@ -332,3 +348,24 @@ def test_a_restarted_server_counts_from_zero_and_is_not_ready_meanwhile(catalog:
     assert state.ready and state.success_total > 0
     # the workload's totals are the ground truth: a restart does not take them back
     assert model.workload(CHAT).served_total == pytest.approx(4 * 15)
+
+
+def test_a_ready_pods_server_is_derived_again_only_when_the_pod_changes(
+    catalog: Catalog,
+) -> None:
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 2)
+    served = gpu_pod("chat-1", "gpu-a", annotations={TOKEN_SECONDS: "0.5"})
+    source.add_pod(dataclasses.replace(served, ip="127.0.0.9"))
+    source.add_pod(gpu_pod("chat-2", "gpu-a"))  # no IP: nowhere to serve
+    sim = Simulator(source, catalog, ModelConfig(startup_seconds=0), clock=lambda: 100.0)
+    sim.step()
+    sim.step()  # on the PodInfo that marking it ready made
+    (first,) = sim.serving()
+    assert (first.uid, first.address, first.token_seconds) == (served.uid, "127.0.0.9", 0.5)
+    sim.step()
+    assert sim.serving()[0] is first
+    source.pods[served.uid] = dataclasses.replace(source.pods[served.uid], ip="127.0.0.10")
+    sim.step()
+    (moved,) = sim.serving()
+    assert (moved.uid, moved.address) == (served.uid, "127.0.0.10")
