@@ -6,7 +6,8 @@ every WorkloadSizing has been decided, then measures:
 
 - change-to-write latency: the load of a sample of workloads is raised in the emulator (spread
   over one scrape interval plus one read period, so every phase is sampled) and one watch on the
-  Deployments records when each one's spec.replicas changes (p50, p95);
+  Deployments records when each one's spec.replicas changes (p50, p95), split at the
+  timestamp of the scrape that carried the change and at its landing in Prometheus;
 - cycle: the time to decide every workload once, N / (decisions per second), from the
   operator's gpusizer_reconcile_duration_seconds_count;
 - operator CPU (cores, from /proc/PID/stat over a steady window) and peak RSS (VmHWM);
@@ -37,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
 import yaml
@@ -367,10 +368,17 @@ def latency(
     return changed_at, dict(watcher.changed)
 
 
-def first_scraped(prometheus_url: str, changed_at: dict[str, float]) -> dict[str, float]:
+class Scraped(NamedTuple):
+    """The first scraped sample of a workload's pod that shows its load change."""
+
+    at: float  # its timestamp: when its scrape began
+    instance: str  # the scrape target that served it
+
+
+def first_scraped(prometheus_url: str, changed_at: dict[str, float]) -> dict[str, Scraped]:
     """The timestamp of the first scraped GPU utilisation sample of each workload's pod that
-    shows its load change (moved as the operator counts a move): splits change-to-write into
-    the emulator and the scrape, and what comes after, the operator's part."""
+    shows its load change (moved as the operator counts a move), and its target: splits
+    change-to-write into the emulator and the scrape, and what comes after."""
     pods = f'namespace="{NAMESPACE}",pod=~"({"|".join(changed_at)})-.*"'
     since = max(0, math.ceil(time.time() - min(changed_at.values())) + 60)
     answer = requests.get(
@@ -378,7 +386,7 @@ def first_scraped(prometheus_url: str, changed_at: dict[str, float]) -> dict[str
         params={"query": f"DCGM_FI_DEV_GPU_UTIL{{{pods}}}[{since}s]"},
         timeout=30,
     ).json()
-    seen: dict[str, float] = {}
+    seen: dict[str, Scraped] = {}
     for series in answer["data"]["result"]:
         name = series["metric"]["pod"].split("-", 1)[0]
         points = [(float(t), float(v)) for t, v in series["values"]]
@@ -388,9 +396,37 @@ def first_scraped(prometheus_url: str, changed_at: dict[str, float]) -> dict[str
         for t, v in points:
             moved = abs(v - before[-1]) > MOVE_FRACTION * max(v, before[-1], 1.0)
             if t >= changed_at[name] and moved:
-                seen[name] = min(t, seen.get(name, t))
+                if name not in seen or t < seen[name].at:
+                    seen[name] = Scraped(t, series["metric"]["instance"])
                 break
     return seen
+
+
+def scrape_durations(prometheus_url: str, scraped: dict[str, Scraped]) -> dict[str, float]:
+    """How long the scrape that brought each workload's first moved sample took: Prometheus
+    stamps a sample with its scrape's start and stores it once the scrape's body is read, so
+    a query sees it this long after its timestamp. At 10,000 GPUs the emulator shares the two
+    cores and some of its scrapes take seconds: time that is the emulator's, not the
+    operator's. `scrape_duration_seconds` carries the same timestamp as its scrape's samples."""
+    if not scraped:
+        return {}
+    since = max(0, math.ceil(time.time() - min(s.at for s in scraped.values())) + 60)
+    instances = "|".join(sorted({s.instance for s in scraped.values()}))
+    answer = requests.get(
+        f"{prometheus_url}/api/v1/query",
+        params={"query": f'scrape_duration_seconds{{instance=~"{instances}"}}[{since}s]'},
+        timeout=30,
+    ).json()
+    took = {
+        (series["metric"]["instance"], round(float(t), 3)): float(v)
+        for series in answer["data"]["result"]
+        for t, v in series["values"]
+    }
+    return {
+        name: took[(s.instance, round(s.at, 3))]
+        for name, s in scraped.items()
+        if (s.instance, round(s.at, 3)) in took
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -478,10 +514,14 @@ def measure(
     picks = random.Random(size).sample(fresh, min(args.sample, len(fresh)))
     samples = [workload_name(i) for i in picks]
     changed_at, written_at = latency(cluster, apps, samples, SCRAPE_SECONDS + read_period(args))
-    scraped_at = first_scraped(cluster.prometheus_url, changed_at)
+    scraped = first_scraped(cluster.prometheus_url, changed_at)
+    scraped_at = {n: s.at for n, s in scraped.items()}
+    took = scrape_durations(cluster.prometheus_url, scraped)
     delays = [written_at[n] - changed_at[n] for n in written_at]
     to_scrape = [scraped_at[n] - changed_at[n] for n in written_at if n in scraped_at]
     after_scrape = [written_at[n] - scraped_at[n] for n in written_at if n in scraped_at]
+    scrape_took = [took[n] for n in written_at if n in took]
+    after_landing = [written_at[n] - scraped_at[n] - took[n] for n in written_at if n in took]
     result = {
         "p50_s": round(percentile(delays, 0.5), 2),
         "p95_s": round(percentile(delays, 0.95), 2),
@@ -489,6 +529,10 @@ def measure(
         "scraped_p95_s": round(percentile(to_scrape, 0.95), 2),
         "after_scrape_p50_s": round(percentile(after_scrape, 0.5), 2),
         "after_scrape_p95_s": round(percentile(after_scrape, 0.95), 2),
+        "scrape_p50_s": round(percentile(scrape_took, 0.5), 2),
+        "scrape_p95_s": round(percentile(scrape_took, 0.95), 2),
+        "after_landing_p50_s": round(percentile(after_landing, 0.5), 2),
+        "after_landing_p95_s": round(percentile(after_landing, 0.95), 2),
         "cycle_s": round(size * (t1 - t0) / decisions, 2) if decisions else math.nan,
         "cpu_cores": round((c1 - c0) / (t1 - t0), 3),
         "rss_mib": round(rss_mib(pid, "VmHWM"), 1),
@@ -527,10 +571,14 @@ def measure(
         "samples": len(samples),
         "missed": [n for n in samples if n not in written_at],
         "window_s": round(t1 - t0, 1),
-        # each sample's change-to-write and its after-scrape part: a p95 of 30 is the
-        # second-highest, so the spread says more than the two figures
+        # each sample's change-to-write, its after-scrape part and its scrape's duration: a
+        # p95 of 30 is the second-highest, so the spread says more than the figures
         "delays_s": {
-            n: [round(written_at[n] - changed_at[n], 2), round(written_at[n] - scraped_at[n], 2)]
+            n: [
+                round(written_at[n] - changed_at[n], 2),
+                round(written_at[n] - scraped_at[n], 2),
+                round(took[n], 2) if n in took else None,
+            ]
             for n in written_at
             if n in scraped_at
         },
@@ -572,6 +620,10 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
         ("scraped_p95_s", "{:.1f}"),
         ("after_scrape_p50_s", "{:.1f}"),
         ("after_scrape_p95_s", "{:.1f}"),
+        ("scrape_p50_s", "{:.1f}"),
+        ("scrape_p95_s", "{:.1f}"),
+        ("after_landing_p50_s", "{:.1f}"),
+        ("after_landing_p95_s", "{:.1f}"),
         ("cycle_s", "{:.1f}"),
         ("cpu_cores", "{:.2f}"),
         ("rss_mib", "{:.0f}"),
