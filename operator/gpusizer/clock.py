@@ -61,19 +61,12 @@ async def fetch_cycle(
     listing: FailingSince,
 ) -> Cycle:
     """The batched Prometheus snapshot, whether Prometheus answers at all, and the list of
-    other autoscalers, for every workload."""
-    started = time.monotonic()
-    snapshot = await reader.read()
-    health.observe(snapshot)
-    metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
-        time.monotonic() - started
+    other autoscalers, for every workload. The list (two API calls, once per sync period) is
+    taken while the snapshot is read: after it, it stood between the read and the turns of
+    the workloads whose pods moved."""
+    snapshot, (owners, error) = await asyncio.gather(
+        _read(reader, health), _other_autoscalers(list_autoscalers)
     )
-    try:
-        owners = await list_autoscalers()
-        error = None
-    except Exception as exc:  # the API server is down or refusing: say so, act on nothing
-        log.warning("listing HPAs and ScaledObjects failed: %s", exc)
-        owners, error = {}, f"listing HPAs and ScaledObjects failed: {exc}"
     return Cycle(
         snapshot=snapshot,
         autoscalers=owners,
@@ -83,6 +76,26 @@ async def fetch_cycle(
         prometheus=health.state,
         error_since=listing.observe(error is not None, time.time()),
     )
+
+
+async def _read(reader: SnapshotReader, health: PrometheusHealth) -> Snapshot:
+    started = time.monotonic()
+    snapshot = await reader.read()
+    health.observe(snapshot)
+    metrics.CYCLE_SECONDS.labels(read="full" if snapshot.full else "moved").observe(
+        time.monotonic() - started
+    )
+    return snapshot
+
+
+async def _other_autoscalers(
+    list_autoscalers: Callable[[], Awaitable[Mapping[TargetKey, str]]],
+) -> tuple[Mapping[TargetKey, str], str | None]:
+    try:
+        return await list_autoscalers(), None
+    except Exception as exc:  # the API server is down or refusing: say so, act on nothing
+        log.warning("listing HPAs and ScaledObjects failed: %s", exc)
+        return {}, f"listing HPAs and ScaledObjects failed: {exc}"
 
 
 class CycleClock:

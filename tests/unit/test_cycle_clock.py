@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import pytest
-from gpusizer.clock import Cycle, CycleClock
-from gpusizer.signals.parse import PodSamples, Sample
-from gpusizer.signals.queries import GPU_UTIL
+from gpusizer.api.v1alpha1 import Server
+from gpusizer.clock import Cycle, CycleClock, FailingSince, fetch_cycle
+from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.health import PrometheusHealth
+from gpusizer.signals.parse import PodSamples, Problem, Sample
+from gpusizer.signals.queries import GPU_UTIL, PodQuery
+from gpusizer.signals.reader import SnapshotReader
 from gpusizer.signals.snapshot import Snapshot
 
-from tests.fakes import steps_taken
+from tests.fakes import FakeMetrics, steps_taken
 
 
 class Fetches:
@@ -125,3 +130,50 @@ async def test_a_cycle_names_the_pods_whose_readings_moved_since_the_last() -> N
     assert clock.latest is not None and clock.latest.moved == {("ns", "steady"), ("ns", "jumped")}
     clock.publish(cycle_with({"steady": 51.0, "jumped": 60.0}))
     assert clock.latest.moved == {("ns", "jumped")}
+
+
+class AnsweringOnceListed(FakeMetrics):
+    """A Prometheus that answers only once the HPAs and ScaledObjects are being listed."""
+
+    def __init__(self) -> None:
+        super().__init__(answers={GPU_UTIL: PodSamples({("ns", "chat-0"): Sample(40.0, 1.0)})})
+        self.listing = asyncio.Event()
+
+    async def per_pod_batch(
+        self, wanted: Mapping[str, PodQuery]
+    ) -> tuple[dict[str, PodSamples], dict[str, Problem]]:
+        await self.listing.wait()
+        return await super().per_pod_batch(wanted)
+
+
+@pytest.mark.parametrize("listing_fails", [False, True])
+async def test_the_other_autoscalers_are_listed_while_the_snapshot_is_read(
+    listing_fails: bool,
+) -> None:
+    """The list's API calls come during the read, not after it, between the read and the
+    turns of the workloads whose pods moved; a list that fails is said on the cycle."""
+    prometheus = AnsweringOnceListed()
+
+    async def list_autoscalers() -> Mapping[TargetKey, str]:
+        prometheus.listing.set()
+        if listing_fails:
+            raise ConnectionError("the API server went away")
+        return {("ns", "Deployment", "chat"): "HorizontalPodAutoscaler chat"}
+
+    cycle = await asyncio.wait_for(
+        fetch_cycle(
+            SnapshotReader(prometheus, [Server.VLLM], 0),
+            PrometheusHealth(),
+            list_autoscalers,
+            FailingSince(),
+        ),
+        timeout=10,
+    )
+    assert cycle.snapshot.signals[GPU_UTIL].samples[("ns", "chat-0")].value == 40.0
+    if listing_fails:
+        assert cycle.autoscalers == {}
+        assert cycle.error == "listing HPAs and ScaledObjects failed: the API server went away"
+        assert cycle.error_since is not None
+    else:
+        assert cycle.autoscalers == {("ns", "Deployment", "chat"): "HorizontalPodAutoscaler chat"}
+        assert cycle.error is None and cycle.error_since is None
