@@ -21,6 +21,7 @@ from e2e.gpusim.cluster import (
     PRODUCT_LABEL,
     NodeInfo,
     PodInfo,
+    Rederived,
 )
 
 log = logging.getLogger(__name__)
@@ -192,21 +193,12 @@ def _still_fit(
 
 class NodeDevices:
     """Every GPU device of every node, a node's derived again only when the node is another
-    object (the cluster source hands out the same NodeInfo until the node changes): deriving
-    every device of 10,000 GPUs at every tick was work a tick could spare (bench/README.md)."""
+    object (`Rederived`)."""
 
     def __init__(self, catalog: Catalog) -> None:
-        self._catalog = catalog
-        self._known: dict[str, tuple[NodeInfo, list[Device]]] = {}
+        self._per_node: Rederived[NodeInfo, list[Device]] = Rederived(
+            lambda node: node_devices(node, catalog)
+        )
 
     def of(self, nodes: Mapping[str, NodeInfo]) -> list[Device]:
-        known = {}
-        for name, node in nodes.items():
-            cached = self._known.get(name)
-            known[name] = (
-                cached
-                if cached is not None and cached[0] is node
-                else (node, node_devices(node, self._catalog))
-            )
-        self._known = known
-        return [device for _, devices in known.values() for device in devices]
+        return [device for devices in self._per_node.of(nodes.items()) for device in devices]

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from e2e.gpusim.cluster import ClusterSnapshot, NodeInfo, PodInfo, gpu_limit
+from e2e.gpusim.cluster import ClusterSnapshot, NodeInfo, PodInfo, Rederived, gpu_limit
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class KubeCluster:
         }
         self._stop = threading.Event()
         self._first_running: dict[str, float] = {}
-        self._node_infos: dict[str, tuple[Obj, NodeInfo]] = {}
+        self._node_infos: Rederived[Obj, NodeInfo] = Rederived(_node)
         self._pod_infos = PodInfos(
             self._informers["replicasets"].get,
             self._informers["deployments"].get,
@@ -362,13 +362,9 @@ class KubeCluster:
     def nodes(self) -> Sequence[NodeInfo]:
         """Each node's NodeInfo, the same object while the node is (devices.NodeDevices
         derives a node's devices again only when it is another)."""
-        known: dict[str, tuple[Obj, NodeInfo]] = {}
-        for obj in self._informers["nodes"].items():
-            name = obj["metadata"]["name"]
-            cached = self._node_infos.get(name)
-            known[name] = cached if cached is not None and cached[0] is obj else (obj, _node(obj))
-        self._node_infos = known
-        return [info for _, info in known.values()]
+        return self._node_infos.of(
+            (o["metadata"]["name"], o) for o in self._informers["nodes"].items()
+        )
 
     def gpu_pods(self, node: str) -> list[str]:
         return [

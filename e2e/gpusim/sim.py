@@ -12,7 +12,7 @@ from typing import Any
 
 from gpusizer.catalog import Catalog
 
-from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, WorkloadKey
+from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, Rederived, WorkloadKey
 from e2e.gpusim.devices import Allocator, Device, NodeDevices
 from e2e.gpusim.exposition import PodServerReading, View
 from e2e.gpusim.model import (
@@ -62,8 +62,8 @@ class Simulator:
         self._pods: dict[str, PodInfo] = {}
         self._assignment: dict[str, list[Device]] = {}
         self._slices: dict[str, str | None] = {}
-        # each Ready pod's server, with the PodInfo it was derived from (`serving`)
-        self._servers_of: dict[str, tuple[PodInfo, ServingPod]] = {}
+        # each Ready pod's server, derived again only when its PodInfo is another object
+        self._serving: Rederived[PodInfo, ServingPod] = Rederived(_server)
         self._view = View(devices=[], energy_mj={}, servers=[], workloads={})
         self.served = Served()  # what the pods' HTTP endpoints answered
         # opens the inference servers of the pods that serve, before any is marked Ready (as a
@@ -171,21 +171,13 @@ class Simulator:
         return servers
 
     def serving(self) -> list[ServingPod]:
-        """The pods ready to serve, with an IP: each serves the OpenAI API there (openai.py).
-        A pod's server is derived again only when its PodInfo is another object: at 10,000
-        pods, deriving every one at every tick was a large part of a tick (bench/README.md)."""
+        """The pods ready to serve, with an IP: each serves the OpenAI API there (openai.py)."""
         with self._lock:
-            found: dict[str, tuple[PodInfo, ServingPod]] = {}
-            for uid, pod in self._pods.items():
-                state = self.model.replicas.get(uid)
-                if state is None or not state.ready or not pod.ip:
-                    continue
-                known = self._servers_of.get(uid)
-                found[uid] = (
-                    known if known is not None and known[0] is pod else (pod, _server(pod, pod.ip))
-                )
-            self._servers_of = found
-            return [server for _, server in found.values()]
+            return self._serving.of(
+                (uid, pod)
+                for uid, pod in self._pods.items()
+                if (state := self.model.replicas.get(uid)) is not None and state.ready and pod.ip
+            )
 
     def set_load(self, key: WorkloadKey, rps: float) -> None:
         with self._lock:
@@ -298,10 +290,11 @@ class Simulator:
             stop.wait(interval)
 
 
-def _server(pod: PodInfo, address: str) -> ServingPod:
+def _server(pod: PodInfo) -> ServingPod:
+    assert pod.ip, "serving() gives only the pods with an IP"
     return ServingPod(
         uid=pod.uid,
-        address=address,
+        address=pod.ip,
         port=pod.http_port,
         workload=pod.workload,
         model=pod.annotations.get(MODEL_NAME, pod.workload[1]),
