@@ -6,12 +6,14 @@ import asyncio
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import unquote_plus
 
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.settings import PrometheusSettings
 from gpusizer.signals.join import workload_signals
+from gpusizer.signals.parse import Problem
 from gpusizer.signals.pods import PodInfo
 from gpusizer.signals.prometheus import WINDOW_QUERY_THREADS, PrometheusSource
 from gpusizer.signals.queries import (
@@ -28,6 +30,12 @@ from gpusizer.vocabulary import Reason
 
 from tests.integration.conftest import Exporter
 from tests.support import free_port
+
+
+def as_decoded(result: Any) -> Any:
+    """A query's result as Prometheus' JSON decodes it."""
+    return result
+
 
 SPEC = WorkloadSizingSpec.model_validate(
     {
@@ -112,8 +120,8 @@ async def test_idle_gpus_are_not_asked_for(prometheus: str, exporter: Exporter) 
     which used to arrive as one series of empty pod labels, built from every idle GPU."""
     exporter.set(whole("a", "50") + idle_gpu(1) + idle_gpu(2) + queue("a", "0"))
     source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
-    result, problem = await source.query(full_read_queries([])[GPU_UTIL].promql, GPU_UTIL)
-    assert problem is None
+    result = await source.query(full_read_queries([])[GPU_UTIL].promql, GPU_UTIL, as_decoded)
+    assert not isinstance(result, Problem), result
     assert sorted(series["metric"].get("pod", "") for series in result) == ["a", "a"], result
     _, got = await observe(prometheus, pods("a"))
     assert got.signals.gpu_utilization == 50
@@ -265,9 +273,106 @@ async def test_window_reads_leave_the_replica_reads_their_threads() -> None:
 
 
 async def test_bad_promql_is_a_query_error(prometheus: str) -> None:
+    """Said in Prometheus' own words: its error type and message, not the raw body."""
     source = PrometheusSource(PrometheusSettings(url=prometheus))
     value, problem = await source.scalar("sum(rate(")
     assert value is None and problem is not None and problem.reason == Reason.QUERY_ERROR
+    assert problem.message.startswith("HTTP 400: bad_data: "), problem.message
+
+
+def answering(body: bytes, status: int = 200) -> ThreadingHTTPServer:
+    """A server that answers every query with `body`."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (200, b'{"status":"success","data":{"resultType":"vector"}}', "without data.result"),
+        (200, b'["not", "an", "answer"]', "without data.result"),
+        (200, b"<html>a proxy's page</html>", "unreadable response"),
+        (500, b"upstream gone", "HTTP 500: upstream gone"),
+        (
+            422,
+            b'{"status":"error","errorType":"execution","error":"too many samples"}',
+            "HTTP 422: execution: too many samples",
+        ),
+    ],
+)
+async def test_an_answer_that_is_not_a_result_is_a_query_error(
+    status: int, body: bytes, said: str
+) -> None:
+    server = answering(body, status)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=5))
+        samples, errors = await source.per_pod_batch(full_read_queries([]))
+    finally:
+        server.shutdown()
+    assert samples == {} and set(errors) == set(full_read_queries([]))
+    assert all(p.reason == Reason.QUERY_ERROR and said in p.message for p in errors.values())
+
+
+async def test_answers_come_in_together_and_are_read_one_at_a_time() -> None:
+    """The queries of a read are sent at once (Prometheus evaluates them side by side), and
+    each answer is decoded and read alone: a decoded answer is several times the samples read
+    from it, and alive together they set the operator's memory high-water mark."""
+    queries = {f"q{i}": f"vector({i})" for i in range(3)}
+    sent = threading.Barrier(len(queries), timeout=5)  # every query in before any is answered
+
+    class Together(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            sent.wait()
+            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Together)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    reading, most = 0, 0
+    lock = threading.Lock()
+    overlap = threading.Barrier(2, timeout=0.5)  # passed only if two reads overlap
+
+    def read(result: Any) -> Any:
+        nonlocal reading, most
+        with lock:
+            reading += 1
+            most = max(most, reading)
+        try:
+            overlap.wait()
+        except threading.BrokenBarrierError:
+            overlap.reset()
+        with lock:
+            reading -= 1
+        return result
+
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=10))
+        answers = await asyncio.gather(*(source.query(q, n, read) for n, q in queries.items()))
+    finally:
+        server.shutdown()
+    assert answers == [[]] * len(queries)  # no Problem: none waited for the others in vain
+    assert most == 1
 
 
 async def test_wake_query_scalar(prometheus: str, exporter: Exporter) -> None:
@@ -387,16 +492,16 @@ async def test_a_rate_has_no_sample_time_for_a_twin_to_tell(
         exporter.set(stamped(f"vllm:request_success_total{{{labels}}} {count}", now - ago))
     source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
     at = time.time()
-    stamps, problem = await source.query(
-        'timestamp(rate(vllm:request_success_total{pod="rate-age"}[1m]))', "rate", at
+    stamps = await source.query(
+        'timestamp(rate(vllm:request_success_total{pod="rate-age"}[1m]))', "rate", as_decoded, at
     )
-    assert problem is None and [float(s["value"][1]) for s in stamps] == [
+    assert not isinstance(stamps, Problem) and [float(s["value"][1]) for s in stamps] == [
         pytest.approx(at, abs=0.002)
     ], stamps
-    sampled, problem = await source.query(
-        'timestamp(vllm:request_success_total{pod="rate-age"})', "rate", at
+    sampled = await source.query(
+        'timestamp(vllm:request_success_total{pod="rate-age"})', "rate", as_decoded, at
     )
-    assert problem is None and [float(s["value"][1]) for s in sampled] == [
+    assert not isinstance(sampled, Problem) and [float(s["value"][1]) for s in sampled] == [
         pytest.approx(now - 35, abs=0.002)
     ]
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 from gpusizer.actuate.target_view import TargetView
@@ -29,6 +30,9 @@ OWN = 'gateway_pending_requests{namespace="llm",service="chat"} 2\n'
 WAKE = 'sum(gateway_pending_requests{namespace="other"})'
 
 
+T = TypeVar("T")
+
+
 class RecordingSource(PrometheusSource):
     """The real source, remembering every query it sent."""
 
@@ -37,10 +41,10 @@ class RecordingSource(PrometheusSource):
         self.sent: list[str] = []
 
     async def query(
-        self, promql: str, signal: str, at: float | None = None
-    ) -> tuple[Any, Problem | None]:
+        self, promql: str, signal: str, read: Callable[[Any], T], at: float | None = None
+    ) -> T | Problem:
         self.sent.append(promql)
-        return await super().query(promql, signal, at)
+        return await super().query(promql, signal, read, at)
 
 
 def one_target() -> FakeTargets:
@@ -158,8 +162,8 @@ async def test_every_rewritten_query_is_promql_prometheus_accepts(
     prometheus: str, query: str, rewritten: str
 ) -> None:
     source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
-    _, problem = await source.query(rewritten, "test")
+    answer = await source.query(rewritten, "test", lambda result: result)
     # a parse error is a 400 of type bad_data; evaluating on no data may fail otherwise
-    assert problem is None or "bad_data" not in problem.message, (
-        f"{query} -> {rewritten}: {problem}"
+    assert not isinstance(answer, Problem) or "bad_data" not in answer.message, (
+        f"{query} -> {rewritten}: {answer}"
     )

@@ -15,7 +15,6 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "operator" / "gpusizer"
 FORBIDDEN_MODULES = {
     "kopf",
     "kubernetes",
-    "prometheus_api_client",
     "requests",
     "aiohttp",
     "urllib3",

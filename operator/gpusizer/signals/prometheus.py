@@ -1,6 +1,6 @@
 """The Prometheus client: instant queries off the event loop, every failure a Problem.
 
-prometheus-api-client is blocking; its calls run in worker threads of their own so the
+Queries are blocking HTTP calls (requests); they run in worker threads of their own so the
 operator's event loop keeps serving the API watches while Prometheus is slow. This is the
 operator's one implementation of `gpusizer.ports.MetricsSource`.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from gpusizer.report import metrics
@@ -31,6 +31,8 @@ from gpusizer.signals.parse import (
 )
 from gpusizer.signals.queries import PodQuery
 from gpusizer.vocabulary import Reason
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -67,78 +69,115 @@ class AuthRejected(Exception):
 
 
 def _reject_unauthorized(response: requests.Response, *args: Any, **kwargs: Any) -> None:
-    # prometheus-api-client turns every non-200 into one exception type; the status is
-    # checked here so that credentials are reported as such.
+    # Checked before any other status, so that credentials are reported as such.
     if response.status_code in (401, 403):
         raise AuthRejected(f"HTTP {response.status_code} {response.reason}")
+
+
+class QueryRefused(Exception):
+    """Prometheus answered, but not with a result: the message says what it said."""
+
+
+def _refusal(response: requests.Response) -> str:
+    """Prometheus' own `errorType: error` when the body is its JSON error, else the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        said = f"{body.get('errorType') or 'error'}: {body['error']}"
+    else:
+        said = response.text
+    return f"HTTP {response.status_code}: {said}"[:500]
+
+
+def _result(response: requests.Response) -> Any:
+    if response.status_code != 200:
+        raise QueryRefused(_refusal(response))
+    body = response.json()
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, dict) or "result" not in data:
+        raise QueryRefused(f"an answer without data.result: {response.text[:200]}")
+    return data["result"]
 
 
 class PrometheusSource:
     def __init__(self, settings: PrometheusSettings, threads: int = QUERY_THREADS) -> None:
         self._settings = settings
-        session = requests.Session()
-        # PrometheusConnect ignores disable_ssl when given a session: verification is set here.
-        session.verify = settings.ca_file or not settings.insecure_skip_verify
-        if settings.bearer_token_file:
-            session.auth = BearerTokenFile(settings.bearer_token_file)
-        session.hooks["response"].append(_reject_unauthorized)
-        self._client = PrometheusConnect(
-            url=settings.url,
-            retry=Retry(total=1, read=False, backoff_factor=0.2, status_forcelist=[502, 503, 504]),
-            auth=settings.basic_auth,
-            session=session,
-            timeout=int(max(1, settings.timeout_seconds)),
-        )
+        self._url = f"{settings.url}/api/v1/query"
+        self._timeout = max(1.0, settings.timeout_seconds)
+        self._session = requests.Session()
+        self._session.verify = settings.ca_file or not settings.insecure_skip_verify
+        bearer = BearerTokenFile(settings.bearer_token_file) if settings.bearer_token_file else None
+        self._session.auth = settings.basic_auth or bearer
+        self._session.hooks["response"].append(_reject_unauthorized)
+        retry = Retry(total=1, read=False, backoff_factor=0.2, status_forcelist=[502, 503, 504])
+        self._session.mount(settings.url, HTTPAdapter(max_retries=retry))
         # Queries get threads of their own: in the shared pool a read waited behind every
         # workload's target read (bench/README.md).
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prometheus")
+        # The answers come in at once, but are decoded and read one at a time: a decoded answer
+        # is several times the samples read from it, and a full read's seven, alive together,
+        # left pymalloc's arenas holes once freed (bench/README.md, "Issue 29: one answer
+        # decoded at a time").
+        self._decoding = threading.Lock()
+
+    def _answer(self, promql: str, at: float | None, read: Callable[[Any], T]) -> T:
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        # verify given again: requests lets REQUESTS_CA_BUNDLE override the session's own
+        response = self._session.get(
+            self._url, params=params, timeout=self._timeout, verify=self._session.verify
+        )
+        with self._decoding:
+            return read(_result(response))
 
     async def query(
-        self, promql: str, signal: str, at: float | None = None
-    ) -> tuple[Any, Problem | None]:
+        self,
+        promql: str,
+        signal: str,
+        read: Callable[[Any], T],
+        at: float | None = None,
+    ) -> T | Problem:
         """Run one instant query off the event loop, at `at` (Unix seconds) or Prometheus's
-        now; failures become a Problem."""
+        now, and `read` its result there; a failure is a Problem."""
         started = time.monotonic()
-        params = None if at is None else {"time": f"{at:.3f}"}
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._client.custom_query, promql, params
+            found = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._answer, promql, at, read
             )
         except AuthRejected as exc:
-            return None, self._failed(
+            return self._failed(
                 signal,
                 Reason.PROMETHEUS_UNAUTHORIZED,
                 f"{self._settings.url} refused the credentials ({exc}): check the bearer token "
                 "or basic auth settings",
             )
         except requests.exceptions.JSONDecodeError as exc:  # a RequestException, yet answered
-            return None, self._failed(signal, Reason.QUERY_ERROR, f"unreadable response: {exc}")
+            return self._failed(signal, Reason.QUERY_ERROR, f"unreadable response: {exc}")
         except requests.exceptions.Timeout as exc:
-            return None, self._failed(
-                signal, Reason.PROMETHEUS_UNREACHABLE, f"timed out: {_cause(exc)}"
-            )
+            return self._failed(signal, Reason.PROMETHEUS_UNREACHABLE, f"timed out: {_cause(exc)}")
         except requests.exceptions.SSLError as exc:
-            return None, self._failed(
+            return self._failed(
                 signal,
                 Reason.PROMETHEUS_UNREACHABLE,
                 f"TLS with {self._settings.url} failed (is --prometheus-ca-file the CA that "
                 f"signed its certificate?): {exc}",
             )
         except requests.exceptions.RequestException as exc:
-            return None, self._failed(
+            return self._failed(
                 signal, Reason.PROMETHEUS_UNREACHABLE, f"{self._settings.url}: {_cause(exc)}"
             )
         except OSError as exc:  # the token file (RequestException, caught above, is one too)
-            return None, self._failed(
+            return self._failed(
                 signal, Reason.PROMETHEUS_UNAUTHORIZED, f"cannot read the bearer token: {exc}"
             )
-        except PrometheusApiClientException as exc:
-            return None, self._failed(signal, Reason.QUERY_ERROR, str(exc)[:500])
+        except QueryRefused as exc:
+            return self._failed(signal, Reason.QUERY_ERROR, str(exc))
         except ValueError as exc:  # a body that is not JSON
-            return None, self._failed(signal, Reason.QUERY_ERROR, f"unreadable response: {exc}")
+            return self._failed(signal, Reason.QUERY_ERROR, f"unreadable response: {exc}")
         finally:
             metrics.QUERY_SECONDS.labels(signal=signal).observe(time.monotonic() - started)
-        return result, None
+        return found
 
     def _failed(self, signal: str, reason: Reason, message: str) -> Problem:
         metrics.QUERY_ERRORS.labels(signal=signal, reason=reason.value).inc()
@@ -146,10 +185,10 @@ class PrometheusSource:
         return Problem(reason, message)
 
     async def _per_pod(self, signal: str, query: PodQuery) -> PodSamples | Problem:
-        result, problem = await self.query(query.promql, signal)
-        if problem is not None:
-            return problem
-        return per_pod(result, scale=query.scale, combine=query.combine, now=time.time())
+        def read(result: Any) -> PodSamples:
+            return per_pod(result, scale=query.scale, combine=query.combine, now=time.time())
+
+        return await self.query(query.promql, signal, read)
 
     async def per_pod_batch(
         self, wanted: Mapping[str, PodQuery]
@@ -170,23 +209,23 @@ class PrometheusSource:
         self, wanted: Mapping[str, str]
     ) -> tuple[dict[str, list[LabelledValue]], dict[str, Problem]]:
         at = time.time()
-        results = await asyncio.gather(*(self.query(q, n, at) for n, q in wanted.items()))
+        results = await asyncio.gather(
+            *(self.query(q, n, labelled_values, at) for n, q in wanted.items())
+        )
         found: dict[str, list[LabelledValue]] = {}
         errors: dict[str, Problem] = {}
-        for name, (result, problem) in zip(wanted, results, strict=True):
-            if problem is not None:
-                errors[name] = problem
+        for name, values in zip(wanted, results, strict=True):
+            if isinstance(values, Problem):
+                errors[name] = values
                 continue
-            found[name], dropped = labelled_values(result)
+            found[name], dropped = values
             if dropped:
                 log.warning("%s: %d series without a finite value were left out", name, dropped)
         return found, errors
 
     async def scalar(self, promql: str) -> tuple[float | None, Problem | None]:
-        result, problem = await self.query(promql, "wake")
-        if problem is not None:
-            return None, problem
-        return scalar(result)
+        value = await self.query(promql, "wake", scalar)
+        return (None, value) if isinstance(value, Problem) else value
 
 
 def _cause(exc: requests.exceptions.RequestException) -> str:
