@@ -17,13 +17,13 @@ from gpusizer import startup
 from gpusizer.actuate.target_view import TargetView, target_view
 from gpusizer.api.v1alpha1 import GROUP, PLURAL, VERSION
 from gpusizer.cluster import ClusterView, PodLabelKey
-from gpusizer.kube import OnePerKey, drop_managed_fields, kopf_login
+from gpusizer.kube import IndexedPods, OnePerKey, drop_managed_fields, kopf_login
 from gpusizer.partition import handlers as partitioning
 from gpusizer.peering import peering_priority
 from gpusizer.report import metrics
 from gpusizer.settings import OperatorSettings
 from gpusizer.signals.discovery import NodeInfo, node_info
-from gpusizer.signals.pods import PodInfo, pod_info, requests_gpu
+from gpusizer.signals.pods import PodInfo, requests_gpu
 from gpusizer.sweep import PodSweep
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 9)
 
 
 def register(settings: OperatorSettings) -> None:
+    indexed_pod = IndexedPods()  # every pod index's, the partitioner's too
+
     @kopf.on.startup()
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
         config: OperatorSettings = memo.config
@@ -78,13 +80,13 @@ def register(settings: OperatorSettings) -> None:
     async def pods_by_namespace(
         *, namespace: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, PodInfo]:
-        return {namespace or "": pod_info(body)}
+        return {namespace or "": indexed_pod(body)}
 
     @kopf.index("", "v1", "pods", id="pods_by_label")
     async def pods_by_label(
         *, namespace: str | None, body: kopf.Body, **_: Any
     ) -> dict[PodLabelKey, PodInfo]:
-        info = pod_info(body)
+        info = indexed_pod(body)
         return {(namespace or "", key, value): info for key, value in info.labels.items()}
 
     # Targets from a watch rather than a GET per workload per cycle (bench/README.md). Only
@@ -138,4 +140,4 @@ def register(settings: OperatorSettings) -> None:
         else:
             runtime.saw(namespace, name, body, logger)
 
-    partitioning.register(settings)
+    partitioning.register(settings, indexed_pod)

@@ -15,6 +15,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from gpusizer.report import metrics
+from gpusizer.signals.pods import PodInfo, pod_info
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -136,6 +137,26 @@ def drop_managed_fields(event: Mapping[str, Any]) -> None:
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
+
+
+class IndexedPods:
+    """pod_info for the pod indexes, one PodInfo between them: kopf calls each index with one
+    event's body in turn, and each kept a PodInfo of its own, three a pod at 10,000 pods
+    (bench/README.md, "Issue 29: one PodInfo a pod"). Shared only for one uid at one
+    resourceVersion: the same object as the API server had it."""
+
+    def __init__(self) -> None:
+        self._latest: tuple[str, str, PodInfo] | None = None
+
+    def __call__(self, pod: Mapping[str, Any]) -> PodInfo:
+        meta = pod.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if self._latest is not None and uid and version and self._latest[:2] == (uid, version):
+            return self._latest[2]
+        info = pod_info(pod)
+        if uid and version:
+            self._latest = (uid, version, info)
+        return info
 
 
 class OnePerKey(Mapping[K, V]):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import urllib3
-from gpusizer.kube import OnePerKey, drop_managed_fields, instrument
+from gpusizer.kube import IndexedPods, OnePerKey, drop_managed_fields, instrument
 from gpusizer.signals.discovery import NodeInfo
 from kubernetes import client as k8s
 
@@ -25,6 +25,31 @@ def test_one_value_per_key_reads_an_index_without_copying_it() -> None:
     assert list(nodes) == ["gpu-a", "gpu-gone"] and len(nodes) == 2
     index["gpu-b"] = [first]
     assert "gpu-b" in nodes  # a view: later index updates show
+
+
+def pod_body(uid: str | None, version: str | None, ready: bool) -> dict[str, Any]:
+    meta = {"name": "chat-1", "namespace": "llm", "labels": {"app": "chat"}}
+    meta.update({k: v for k, v in (("uid", uid), ("resourceVersion", version)) if v})
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    return {"metadata": meta, "status": {"phase": "Running", "conditions": [condition]}}
+
+
+def test_the_pod_indexes_share_one_pod_info_per_version_of_a_pod() -> None:
+    indexed = IndexedPods()
+    first = indexed(pod_body("u1", "10", ready=False))
+    assert indexed(pod_body("u1", "10", ready=False)) is first  # the next index, same event
+    later = indexed(pod_body("u1", "11", ready=True))
+    assert later is not first and later.ready and not first.ready
+    other = indexed(pod_body("u2", "11", ready=False))
+    assert other is not later and other.uid == "u2"
+
+
+@pytest.mark.parametrize(("uid", "version"), [(None, "10"), ("u1", None), (None, None)])
+def test_a_pod_without_uid_or_version_shares_nothing(uid: str | None, version: str | None) -> None:
+    indexed = IndexedPods()
+    first = indexed(pod_body(uid, version, ready=False))
+    second = indexed(pod_body(uid, version, ready=True))
+    assert second is not first and second.ready
 
 
 def test_dropping_managed_fields_keeps_everything_else() -> None:

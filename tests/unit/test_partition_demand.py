@@ -8,6 +8,7 @@ from gpusizer.catalog import load_catalog
 from gpusizer.partition.demand import Demand, fleet_demand
 from gpusizer.partition.objects import gpu_node, gpu_pod, sizing_demand
 from gpusizer.policy.partitioning import WHOLE
+from gpusizer.signals.pods import pod_info
 
 CATALOG = load_catalog()
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -70,7 +71,7 @@ TEMPLATE = {
 
 
 def demand(pods: list[dict[str, Any]], sizings: tuple[dict[str, Any], ...] = ()) -> Demand:
-    parsed = [p for p in (gpu_pod(b) for b in pods) if p is not None]
+    parsed = [p for p in (gpu_pod(b, pod_info(b)) for b in pods) if p is not None]
     wanted = [s for s in (sizing_demand(b) for b in sizings) if s is not None]
     return fleet_demand(
         CATALOG, NODES, parsed, wanted, lambda ns, kind, name: TEMPLATE if name == "chat" else None
@@ -143,4 +144,5 @@ def test_a_node_keeps_what_the_partitioner_reads() -> None:
     )
     assert node.selected_by({"nvidia.com/mig.config": "all-balanced"})
     assert not node.selected_by({})
-    assert gpu_pod({"metadata": {"name": "cpu"}, "spec": {"containers": [{"name": "x"}]}}) is None
+    cpu = {"metadata": {"name": "cpu"}, "spec": {"containers": [{"name": "x"}]}}
+    assert gpu_pod(cpu, pod_info(cpu)) is None

@@ -19,7 +19,7 @@ from gpusizer.api.partitioning import PLURAL
 from gpusizer.api.v1alpha1 import GROUP, VERSION
 from gpusizer.api.v1alpha1 import PLURAL as SIZINGS
 from gpusizer.catalog import load_catalog
-from gpusizer.kube import OnePerKey, api_client
+from gpusizer.kube import IndexedPods, OnePerKey, api_client
 from gpusizer.partition.kube import KubeNodes
 from gpusizer.partition.objects import (
     ConfigMapRef,
@@ -57,7 +57,7 @@ def _template(
     return lookup
 
 
-def register(settings: OperatorSettings) -> None:
+def register(settings: OperatorSettings, indexed_pod: IndexedPods) -> None:
     """Nothing when the operator watches only some namespaces: a drain evicts pods of every
     namespace, and the demand counts them all."""
     if not settings.partitioning:
@@ -82,7 +82,7 @@ def register(settings: OperatorSettings) -> None:
 
     @kopf.index("", "v1", "pods", id="gpu_pods")
     async def pods(*, body: kopf.Body, **_: Any) -> dict[str, GpuPod] | None:
-        pod = gpu_pod(body)
+        pod = gpu_pod(body, indexed_pod(body))
         return {pod.key: pod} if pod is not None else None
 
     @kopf.index(GROUP, VERSION, SIZINGS, id="sizings_waiting")

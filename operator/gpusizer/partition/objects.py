@@ -3,13 +3,14 @@ its watches hand them over, and the errors of its I/O edge. Pure."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpusizer.api.partitioning import REPARTITION_ANNOTATION, REPARTITION_FAILURE_ANNOTATION
 from gpusizer.catalog.models import PRODUCT_LABEL
-from gpusizer.signals.pods import pod_info
+from gpusizer.signals.pods import PodInfo
 from gpusizer.vocabulary import ConditionType, Reason
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
@@ -79,7 +80,7 @@ def gpu_node(node: Mapping[str, Any]) -> GpuNode:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuPod:
     namespace: str
     name: str
@@ -95,12 +96,13 @@ class GpuPod:
         return f"{self.namespace}/{self.name}"
 
 
-def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
-    """A pod holding (or asking for) GPU resources; None for any other pod."""
-    info = pod_info(pod)
+def gpu_pod(pod: Mapping[str, Any], info: PodInfo) -> GpuPod | None:
+    """A pod holding (or asking for) GPU resources, with `info` its pod_info; None for any
+    other pod."""
     if info.gpu_resource is None:
         return None
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    product = selector.get(PRODUCT_LABEL)
     return GpuPod(
         namespace=info.namespace,
         name=info.name,
@@ -108,7 +110,7 @@ def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
         resource=info.gpu_resource,
         count=info.gpu_count,
         terminating=info.terminating or info.phase in ("Succeeded", "Failed"),
-        product_label=selector.get(PRODUCT_LABEL),
+        product_label=sys.intern(product) if isinstance(product, str) else None,
         uid=info.uid,
     )
 
