@@ -22,6 +22,7 @@ from gpusizer.memory import Memory
 from gpusizer.report.turn import Outcome
 from gpusizer.settings import OperatorSettings, PrometheusSettings
 from gpusizer.signals.health import PrometheusHealth
+from gpusizer.signals.pods import WHOLE_GPU_RESOURCE
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.startup import Runtime, exit_watchdog
 from gpusizer.workload import Turns, Workload
@@ -120,12 +121,18 @@ def runtime(list_workloads: Callable[[Iterable[str]], set[str]] | None = None) -
     )
 
 
+WORKLOAD_SIZINGS = references.Resource(GROUP, VERSION, PLURAL, namespaced=True)
+PODS = references.Resource("", "v1", "pods", namespaced=True)
+
+
 class Kopf:
     """Events through kopf's own processing, with the handlers `gpusizer run` registers and
     the runtime in its memo; the patches kopf would apply, recorded."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, in_memo: Runtime) -> None:
-        self.registry = registered(partitioning=False)
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, in_memo: Runtime, partitioning: bool = False
+    ) -> None:
+        self.registry = registered(partitioning=partitioning)
         self.runtime = in_memo
         self.patches: list[Any] = []
         self.memobase = ephemera.Memo()
@@ -143,7 +150,12 @@ class Kopf:
 
         monkeypatch.setattr(application, "apply", recorded)
 
-    async def event(self, kind: bodies.RawEventType, body: dict[str, Any]) -> None:
+    async def event(
+        self,
+        kind: bodies.RawEventType,
+        body: dict[str, Any],
+        resource: references.Resource = WORKLOAD_SIZINGS,
+    ) -> None:
         await processing.process_resource_event(
             lifecycle=kopf.lifecycles.all_at_once,
             indexers=self.indexers,
@@ -151,7 +163,7 @@ class Kopf:
             settings=self.settings,
             memories=self.memories,
             memobase=self.memobase,
-            resource=references.Resource(GROUP, VERSION, PLURAL, namespaced=True),
+            resource=resource,
             raw_event=raw_event(kind, body),
             event_queue=self.posted,
         )
@@ -214,6 +226,34 @@ async def test_workloads_keep_their_bodies_with_shared_strings(
     assert chat is not None and embed is not None
     assert next(iter(chat.body["status"])) is next(iter(embed.body["status"]))
     assert chat.body["spec"]["targetRef"]["kind"] is embed.body["spec"]["targetRef"]["kind"]
+
+
+async def test_the_pod_indexes_keep_one_pod_info_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf calls each pod index with one event's body in turn; each kept a PodInfo of its
+    own, with its own copies of the pod's strings (kube.IndexedPods)."""
+    kopf_ = Kopf(monkeypatch, runtime(), partitioning=True)
+    for version, phase in (("1", "Pending"), ("2", "Running")):
+        pod = {
+            "metadata": {
+                "name": "chat-1",
+                "namespace": "ns",
+                "uid": "p1",
+                "resourceVersion": version,
+                "labels": {"app": "chat"},
+            },
+            "spec": {
+                "containers": [{"name": "vllm", "resources": {"limits": {WHOLE_GPU_RESOURCE: "1"}}}]
+            },
+            "status": {"phase": phase},
+        }
+        await kopf_.event("MODIFIED", json.loads(json.dumps(pod)), PODS)
+        indices = kopf_.indexers.indices
+        (by_namespace,) = indices["pods_by_namespace"]["ns"]
+        (by_label,) = indices["pods_by_label"][("ns", "app", "chat")]
+        (gpu,) = indices["gpu_pods"]["ns/chat-1"]
+        assert by_namespace.phase == phase and by_label is by_namespace
+        if version == "1":  # kopf keeps a value equal to the one before (a GpuPod has no phase)
+            assert gpu.name is by_namespace.name and gpu.uid is by_namespace.uid
 
 
 def test_each_gpu_partitioning_takes_a_turn_every_sync_period() -> None:
