@@ -13,7 +13,10 @@ every series is in, it measures `--repeat` full reads, one after the other:
   `PrometheusSource`, wall time and the CPU of this process over it (the emulator is not in
   this process); and the join of every workload's pods to that snapshot
   (`signals.join.workload_signals`), CPU;
-- Prometheus' CPU per read (from /proc, less its CPU over as long a time without reads).
+- Prometheus' CPU per read (from /proc, less its CPU over as long a time without reads);
+- then three more reads under tracemalloc: the Python memory a read's snapshot keeps, and the
+  most that was allocated at once during the read (the decoded answers with it), which is
+  what the operator's heap must have room for at every read.
 
 Usage: python bench/full_read.py [--pods 5000] [--repeat 10] [--baseline REV] [--profile FILE]
 `--baseline REV` runs the same measurements on REV's operator/ (exported with `git archive`,
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import json
 import math
 import multiprocessing
@@ -39,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,7 @@ sys.path.insert(0, str(REPO))
 from tests.support import start_prometheus  # noqa: E402
 
 GPUS_PER_NODE = 64
+TRACED_READS = 3
 NAMESPACE = "bench-read"
 SCRAPE = "5s"
 
@@ -243,17 +249,30 @@ def measure(url: str, prometheus_pid: int, pods: int, repeat: int, profile: str 
             }
         )
         time.sleep(0.5)
+    del snapshot
+    traced: list[dict[str, float]] = []
+    for _ in range(TRACED_READS):
+        gc.collect()
+        tracemalloc.start()
+        snapshot = loop.run_until_complete(read_full(source, Server))
+        held, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        del snapshot
+        traced.append({"held_mib": held / 2**20, "peak_mib": peak / 2**20})
     loop.close()
     if profiler and profile:
         profiler.dump_stats(profile)
-    return {"queries": queries, "reads": reads}
+    return {"queries": queries, "reads": reads, "traced": traced}
 
 
 def summary(result: dict[str, Any]) -> dict[str, float]:
-    reads = result["reads"]
+    reads, traced = result["reads"], result["traced"]
     return {
-        key: statistics.median(r[key] for r in reads)
-        for key in ("read_s", "read_cpu_s", "join_cpu_s", "prometheus_cpu_s", "known")
+        **{
+            key: statistics.median(r[key] for r in reads)
+            for key in ("read_s", "read_cpu_s", "join_cpu_s", "prometheus_cpu_s", "known")
+        },
+        **{key: statistics.median(r[key] for r in traced) for key in ("held_mib", "peak_mib")},
     }
 
 
@@ -342,6 +361,10 @@ def main() -> None:
             f"  full read {s['read_s']:.3f} s wall, {s['read_cpu_s']:.3f} s operator CPU, "
             f"{s['prometheus_cpu_s']:.3f} s Prometheus CPU; join of every workload "
             f"{s['join_cpu_s']:.3f} s CPU ({s['known']:.0f} with known utilisation)"
+        )
+        print(
+            f"  under tracemalloc (median of {TRACED_READS} reads): the snapshot keeps "
+            f"{s['held_mib']:.1f} MiB, {s['peak_mib']:.1f} MiB allocated at most during the read"
         )
 
 

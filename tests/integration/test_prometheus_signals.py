@@ -12,6 +12,7 @@ from urllib.parse import unquote_plus
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.settings import PrometheusSettings
+from gpusizer.signals import prometheus
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.pods import PodInfo
@@ -327,10 +328,13 @@ async def test_an_answer_that_is_not_a_result_is_a_query_error(
     assert all(p.reason == Reason.QUERY_ERROR and said in p.message for p in errors.values())
 
 
-async def test_answers_come_in_together_and_are_read_one_at_a_time() -> None:
+async def test_answers_come_in_together_and_are_decoded_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The queries of a read are sent at once (Prometheus evaluates them side by side), and
-    each answer is decoded and read alone: a decoded answer is several times the samples read
-    from it, and alive together they set the operator's memory high-water mark."""
+    each answer is decoded and read before the next is decoded: a decoded answer is several
+    times the samples read from it, and alive together they set the operator's memory
+    high-water mark."""
     queries = {f"q{i}": f"vector({i})" for i in range(3)}
     sent = threading.Barrier(len(queries), timeout=5)  # every query in before any is answered
 
@@ -348,23 +352,29 @@ async def test_answers_come_in_together_and_are_read_one_at_a_time() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Together)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    reading, most = 0, 0
+    decoded, most = 0, 0  # answers decoded and not yet read
     lock = threading.Lock()
-    overlap = threading.Barrier(2, timeout=0.5)  # passed only if two reads overlap
+    overlap = threading.Barrier(2, timeout=0.5)  # passed only if two decodes overlap
+    decode = prometheus._result
 
-    def read(result: Any) -> Any:
-        nonlocal reading, most
+    def decoding(response: Any) -> Any:
+        nonlocal decoded, most
         with lock:
-            reading += 1
-            most = max(most, reading)
+            decoded += 1
+            most = max(most, decoded)
         try:
             overlap.wait()
         except threading.BrokenBarrierError:
             overlap.reset()
+        return decode(response)
+
+    def read(result: Any) -> Any:
+        nonlocal decoded
         with lock:
-            reading -= 1
+            decoded -= 1
         return result
 
+    monkeypatch.setattr(prometheus, "_result", decoding)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=10))

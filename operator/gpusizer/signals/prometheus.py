@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -116,20 +115,19 @@ class PrometheusSource:
         # Queries get threads of their own: in the shared pool a read waited behind every
         # workload's target read (bench/README.md).
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prometheus")
-        # The answers come in at once, but are decoded and read one at a time: a decoded answer
-        # is several times the samples read from it, and a full read's seven, alive together,
-        # left pymalloc's arenas holes once freed (bench/README.md, "Issue 29: one answer
-        # decoded at a time").
-        self._decoding = threading.Lock()
+        # The answers are fetched together but decoded and read one at a time: a decoded
+        # answer is several times the samples read from it, and the seven of a full read,
+        # alive together, were the most the operator's heap held at a read (bench/README.md,
+        # "Issue 29: one answer decoded at a time"). Read on the event loop, as before: the run
+        # that read them in the worker threads had its turns late (same section).
+        self._decoding = asyncio.Lock()
 
-    def _answer(self, promql: str, at: float | None, read: Callable[[Any], T]) -> T:
+    def _fetch(self, promql: str, at: float | None) -> requests.Response:
         params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
         # verify given again: requests lets REQUESTS_CA_BUNDLE override the session's own
-        response = self._session.get(
+        return self._session.get(
             self._url, params=params, timeout=self._timeout, verify=self._session.verify
         )
-        with self._decoding:
-            return read(_result(response))
 
     async def query(
         self,
@@ -139,12 +137,13 @@ class PrometheusSource:
         at: float | None = None,
     ) -> T | Problem:
         """Run one instant query off the event loop, at `at` (Unix seconds) or Prometheus's
-        now, and `read` its result there; a failure is a Problem."""
+        now, and `read` its result; a failure is a Problem."""
+        loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            found = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._answer, promql, at, read
-            )
+            response = await loop.run_in_executor(self._executor, self._fetch, promql, at)
+            async with self._decoding:
+                found = read(await loop.run_in_executor(self._executor, _result, response))
         except AuthRejected as exc:
             return self._failed(
                 signal,
