@@ -328,6 +328,25 @@ async def test_an_answer_that_is_not_a_result_is_a_query_error(
     assert all(p.reason == Reason.QUERY_ERROR and said in p.message for p in errors.values())
 
 
+def test_a_source_serves_one_event_loop_after_another() -> None:
+    """`gpusizer recommend` reads the fleet and then the ledger, each in an event loop of its
+    own, with one source: an asyncio lock is bound to the first loop it waited in."""
+    server = answering(b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=5))
+
+    async def read() -> list[Any]:
+        return await asyncio.gather(  # enough at once that some wait for the lock
+            *(source.query(f"vector({i})", "test", as_decoded) for i in range(8))
+        )
+
+    try:
+        answers = [asyncio.run(read()) for _ in range(2)]
+    finally:
+        server.shutdown()
+    assert answers == [[[]] * 8] * 2
+
+
 async def test_answers_come_in_together_and_are_decoded_one_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

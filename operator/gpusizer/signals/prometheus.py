@@ -120,7 +120,14 @@ class PrometheusSource:
         # alive together, were the most the operator's heap held at a read (bench/README.md,
         # "Issue 29: one answer decoded at a time"). Read on the event loop, as before: the run
         # that read them in the worker threads had its turns late (same section).
-        self._decoding = asyncio.Lock()
+        self._decoding: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def _decoding_lock(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+        """One lock for each event loop in turn: an asyncio lock serves only the loop it first
+        waited in, and `gpusizer recommend` runs two loops, one after the other, on a source."""
+        if self._decoding is None or self._decoding[0] is not loop:
+            self._decoding = (loop, asyncio.Lock())
+        return self._decoding[1]
 
     def _fetch(self, promql: str, at: float | None) -> requests.Response:
         params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
@@ -142,7 +149,7 @@ class PrometheusSource:
         started = time.monotonic()
         try:
             response = await loop.run_in_executor(self._executor, self._fetch, promql, at)
-            async with self._decoding:
+            async with self._decoding_lock(loop):
                 found = read(await loop.run_in_executor(self._executor, _result, response))
         except AuthRejected as exc:
             return self._failed(
