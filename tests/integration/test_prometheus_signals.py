@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote_plus
@@ -36,6 +37,31 @@ from tests.support import free_port
 def as_decoded(result: Any) -> Any:
     """A query's result as Prometheus' JSON decodes it."""
     return result
+
+
+EMPTY = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+
+
+def answering(
+    body: bytes = EMPTY, status: int = 200, first: Callable[[str], None] = lambda path: None
+) -> ThreadingHTTPServer:
+    """A server that answers every query with `body`, once `first` has seen its path."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            first(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 SPEC = WorkloadSizingSpec.model_validate(
@@ -227,32 +253,20 @@ async def test_window_reads_leave_the_replica_reads_their_threads() -> None:
     most = 0
     lock = threading.Lock()
 
-    class Server_(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            nonlocal most
-            query = unquote_plus(self.path)
-            window = "increase(" in query or "_over_time(" in query
-            if window:
-                with lock:
-                    in_flight.append(self.path)
-                    most = max(most, len(in_flight))
-                    if len(in_flight) == WINDOW_QUERY_THREADS:
-                        busy.set()
-                release.wait(10)
-                with lock:
-                    in_flight.remove(self.path)
-            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def first(path: str) -> None:
+        nonlocal most
+        query = unquote_plus(path)
+        if "increase(" in query or "_over_time(" in query:  # a window read
+            with lock:
+                in_flight.append(path)
+                most = max(most, len(in_flight))
+                if len(in_flight) == WINDOW_QUERY_THREADS:
+                    busy.set()
+            release.wait(10)
+            with lock:
+                in_flight.remove(path)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Server_)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = answering(first=first)
     settings = PrometheusSettings(
         url=f"http://127.0.0.1:{server.server_address[1]}", timeout_seconds=5
     )
@@ -279,25 +293,6 @@ async def test_bad_promql_is_a_query_error(prometheus: str) -> None:
     value, problem = await source.scalar("sum(rate(")
     assert value is None and problem is not None and problem.reason == Reason.QUERY_ERROR
     assert problem.message.startswith("HTTP 400: bad_data: "), problem.message
-
-
-def answering(body: bytes, status: int = 200) -> ThreadingHTTPServer:
-    """A server that answers every query with `body`."""
-
-    class Answer(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 @pytest.mark.parametrize(
@@ -331,7 +326,7 @@ async def test_an_answer_that_is_not_a_result_is_a_query_error(
 def test_a_source_serves_one_event_loop_after_another() -> None:
     """`gpusizer recommend` reads the fleet and then the ledger, each in an event loop of its
     own, with one source: an asyncio lock is bound to the first loop it waited in."""
-    server = answering(b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+    server = answering()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     source = PrometheusSource(PrometheusSettings(url=url, timeout_seconds=5))
 
@@ -357,20 +352,7 @@ async def test_answers_come_in_together_and_are_decoded_one_at_a_time(
     queries = {f"q{i}": f"vector({i})" for i in range(3)}
     sent = threading.Barrier(len(queries), timeout=5)  # every query in before any is answered
 
-    class Together(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            sent.wait()
-            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Together)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = answering(first=lambda path: sent.wait())
     decoded, most = 0, 0  # answers decoded and not yet read
     lock = threading.Lock()
     overlap = threading.Barrier(2, timeout=0.5)  # passed only if two decodes overlap
