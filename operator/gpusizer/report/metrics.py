@@ -25,7 +25,8 @@ from gpusizer.signals.queries import (
 
 QUERY_SECONDS = Histogram(
     "gpusizer_prometheus_query_duration_seconds",
-    "Latency of Prometheus queries, by signal.",
+    "Time from sending a Prometheus query to having its samples read, by signal: it "
+    "includes the wait for other answers of the same read, decoded one at a time.",
     ["signal"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
