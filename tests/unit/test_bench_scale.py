@@ -1,0 +1,50 @@
+"""bench/scale.py measures a fleet at rest: its window waits until the operator writes no more
+than such a fleet does, so that a backlog of first handling or a wave of status writes is not
+measured as the steady state."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import scale as bench
+
+EVENTS = "gpusizer_kube_api_requests_total:POST"
+CONDITIONS = "gpusizer_status_writes_total:status.conditions"
+PATCHES = "gpusizer_kube_api_requests_total:PATCH"
+BEFORE = {EVENTS: 40.0, CONDITIONS: 30.0, PATCHES: 1000.0}
+
+
+def written(events: float = 0, conditions: float = 0, patches: float = 0) -> dict[str, float]:
+    return {
+        EVENTS: BEFORE[EVENTS] + events,
+        CONDITIONS: BEFORE[CONDITIONS] + conditions,
+        PATCHES: BEFORE[PATCHES] + patches,
+    }
+
+
+def test_a_fleet_at_rest_says_what_it_wrote() -> None:
+    quiet = bench.at_rest(BEFORE, written(events=1, patches=12))
+    assert quiet == "1 events, 0 conditions, 12 status patches in 10s"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        written(events=3),  # the first decisions' Events still going out
+        written(conditions=3),
+        # twenty-third session's window: 252 status patches a 13 s cycle
+        written(patches=190),
+    ],
+)
+def test_more_than_a_fleet_at_rest_writes_is_not_quiet(after: dict[str, float]) -> None:
+    assert bench.at_rest(BEFORE, after) == ""
+
+
+def test_the_refresh_budget_is_what_a_fleet_at_rest_may_patch() -> None:
+    assert bench.at_rest(BEFORE, written(patches=100)) != ""
+    assert bench.at_rest(BEFORE, written(patches=101)) == ""
