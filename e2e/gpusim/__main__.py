@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpusizer.catalog import load_catalog
+from gpusizer.cli import tune_garbage_collector
 
 from e2e.gpusim.exposition import ExporterOptions
 from e2e.gpusim.kube import KubeCluster
@@ -57,6 +58,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # The informers hold every pod, node and Deployment as JSON; with Python's default
+    # thresholds a tick's readings were promoted and full collections of that heap ran every
+    # few ticks, with the GIL held against the scrapes (bench/README.md, issue 29).
+    tune_garbage_collector()
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
