@@ -5,21 +5,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpusizer.catalog import Catalog
 
-from e2e.gpusim.cluster import PRODUCT_LABEL, ClusterSource, PodInfo, Rederived, WorkloadKey
-from e2e.gpusim.devices import Allocator, Device, NodeDevices
+from e2e.gpusim.cluster import (
+    PRODUCT_LABEL,
+    ClusterSource,
+    NodeInfo,
+    PodInfo,
+    Rederived,
+    WorkloadKey,
+)
+from e2e.gpusim.devices import Allocator, Device, DeviceKey, NodeDevices
 from e2e.gpusim.exposition import PodServerReading, View
 from e2e.gpusim.model import (
     MODEL_NAME,
     LoadModel,
     ModelConfig,
     Replica,
+    ReplicaState,
     WorkloadState,
     annotation,
 )
@@ -61,7 +69,13 @@ class Simulator:
         self._last: float | None = None
         self._pods: dict[str, PodInfo] = {}
         self._assignment: dict[str, list[Device]] = {}
-        self._slices: dict[str, str | None] = {}
+        # each pod's replica and the node its slice was read from, made again only when the
+        # pod or the node is another object; and each ready server's reading, made again only
+        # when its pod or figures changed. Thousands of idle pods then cost a tick no new
+        # objects: objects made at every tick were most of its garbage collections.
+        self._replicas: dict[str, tuple[NodeInfo | None, Replica]] = {}
+        self._server_readings: dict[str, tuple[PodInfo, PodServerReading]] = {}
+        self._readings: dict[DeviceKey, DeviceReading] = {}  # the last tick's, by device
         # each Ready pod's server, derived again only when its PodInfo is another object
         self._serving: Rederived[PodInfo, ServingPod] = Rederived(_server)
         self._view = View(devices=[], energy_mj={}, servers=[], workloads={})
@@ -84,16 +98,12 @@ class Simulator:
             pods = [p for p in snapshot.pods if not p.terminating]
             self._assignment = self._allocator.update(pods, devices)
             self._pods = {p.uid: p for p in pods}
-            replicas = []
-            self._slices = {}
-            for pod in pods:
-                node = snapshot.nodes.get(pod.node or "")
-                label = node.labels.get(PRODUCT_LABEL, "") if node else ""
-                found = self.catalog.slice_for(pod.resource, label) if node else None
-                self._slices[pod.uid] = found.name if found else None
-                replicas.append(Replica(pod=pod, slice=found))
-            result = self.model.tick(now, replicas)
-            readings = device_readings(devices, self._assignment, self._pods, self.model.replicas)
+            result = self.model.tick(now, self._placed(pods, snapshot.nodes))
+            by_device = device_readings(
+                devices, self._assignment, self._pods, self.model.replicas, self._readings
+            )
+            self._readings = by_device
+            readings = list(by_device.values())
             dt = 0.0 if self._last is None else max(0.0, now - self._last)
             self._last = now
             seen: set[tuple[str, int]] = set()
@@ -116,6 +126,20 @@ class Simulator:
         for pod in result.ooms:
             log.info("pod %s/%s: CUDA out of memory, restarting", pod.namespace, pod.name)
             self._patch(lambda p: self.source.record_oom(p, now), pod)
+
+    def _placed(self, pods: list[PodInfo], nodes: Mapping[str, NodeInfo]) -> list[Replica]:
+        """Each pod as a replica, with the slice its node's GPU gives it."""
+        placed: dict[str, tuple[NodeInfo | None, Replica]] = {}
+        for pod in pods:
+            node = nodes.get(pod.node or "")
+            known = self._replicas.get(pod.uid)
+            if known is None or known[0] is not node or known[1].pod is not pod:
+                label = node.labels.get(PRODUCT_LABEL, "") if node else ""
+                found = self.catalog.slice_for(pod.resource, label) if node else None
+                known = (node, Replica(pod=pod, slice=found))
+            placed[pod.uid] = known
+        self._replicas = placed
+        return [replica for _, replica in placed.values()]
 
     def _account(self, reading: DeviceReading, dt: float) -> None:
         """What the device's pod used this tick: its own power, and its slice's price."""
@@ -149,26 +173,17 @@ class Simulator:
             log.exception("patching pod %s/%s failed", pod.namespace, pod.name)
 
     def _servers(self, pods: list[PodInfo]) -> list[PodServerReading]:
-        servers = []
+        readings: dict[str, tuple[PodInfo, PodServerReading]] = {}
         for pod in pods:
             state = self.model.replicas.get(pod.uid)
             if state is None or not state.ready:
                 continue
-            servers.append(
-                PodServerReading(
-                    namespace=pod.namespace,
-                    pod=pod.name,
-                    node=pod.node or "",
-                    model_name=pod.annotations.get(MODEL_NAME, pod.workload[1]),
-                    waiting=state.waiting,
-                    running=state.running,
-                    kv_cache_usage=state.kv_cache_usage,
-                    success_total=state.success_total,
-                    generation_tokens_total=state.generation_tokens_total,
-                    prompt_tokens_total=state.prompt_tokens_total,
-                )
-            )
-        return servers
+            known = self._server_readings.get(pod.uid)
+            if known is None or known[0] is not pod or not _reads(known[1], state):
+                known = (pod, _server_reading(pod, state))
+            readings[pod.uid] = known
+        self._server_readings = readings
+        return [reading for _, reading in readings.values()]
 
     def serving(self) -> list[ServingPod]:
         """The pods ready to serve, with an IP: each serves the OpenAI API there (openai.py)."""
@@ -234,7 +249,7 @@ class Simulator:
                     {
                         "name": pod.name,
                         "node": pod.node,
-                        "slice": self._slices.get(uid),
+                        "slice": _slice_name(self._replicas.get(uid)),
                         "resource": pod.resource,
                         "devices": [
                             {"gpu": d.gpu, "uuid": d.uuid, "gpuInstanceId": d.instance_id}
@@ -301,3 +316,35 @@ def _server(pod: PodInfo) -> ServingPod:
         token_seconds=annotation(pod.annotations, TOKEN_SECONDS, DEFAULT_TOKEN_SECONDS),
         running_since=pod.running_since or 0.0,
     )
+
+
+def _server_reading(pod: PodInfo, state: ReplicaState) -> PodServerReading:
+    return PodServerReading(
+        namespace=pod.namespace,
+        pod=pod.name,
+        node=pod.node or "",
+        model_name=pod.annotations.get(MODEL_NAME, pod.workload[1]),
+        waiting=state.waiting,
+        running=state.running,
+        kv_cache_usage=state.kv_cache_usage,
+        success_total=state.success_total,
+        generation_tokens_total=state.generation_tokens_total,
+        prompt_tokens_total=state.prompt_tokens_total,
+    )
+
+
+def _reads(reading: PodServerReading, state: ReplicaState) -> bool:
+    """Whether a server's reading still says what its state does."""
+    return (
+        reading.waiting == state.waiting
+        and reading.running == state.running
+        and reading.kv_cache_usage == state.kv_cache_usage
+        and reading.success_total == state.success_total
+        and reading.generation_tokens_total == state.generation_tokens_total
+        and reading.prompt_tokens_total == state.prompt_tokens_total
+    )
+
+
+def _slice_name(placed: tuple[NodeInfo | None, Replica] | None) -> str | None:
+    found = placed[1].slice if placed else None
+    return found.name if found else None

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 from gpusizer.catalog import Catalog, load_catalog
 
+from e2e.gpusim.cluster import PRODUCT_LABEL
 from e2e.gpusim.devices import Allocator, NodeDevices
+from e2e.gpusim.exposition import PodServerReading
 from e2e.gpusim.model import LoadModel, ModelConfig, Replica
 from e2e.gpusim.openai import TOKEN_SECONDS
 from e2e.gpusim.sim import Simulator
+from e2e.gpusim.telemetry import DeviceReading
 from e2e.gpusim.testing import FakeClusterSource, gpu_node, gpu_pod
 from e2e.gpusim.traces import ConstantRate, TraceRate, load_trace
 
@@ -369,3 +372,40 @@ def test_a_ready_pods_server_is_derived_again_only_when_the_pod_changes(
     sim.step()
     (moved,) = sim.serving()
     assert (moved.uid, moved.address) == (served.uid, "127.0.0.10")
+
+
+def test_a_tick_makes_new_readings_only_for_what_changed(catalog: Catalog) -> None:
+    source = FakeClusterSource()
+    source.nodes["gpu-a"] = gpu_node(catalog, "gpu-a", "h100-80gb", 2)
+    busy = source.add_pod(gpu_pod("chat-1", "gpu-a"))
+    idle = source.add_pod(gpu_pod("idle-1", "gpu-a", workload="idle"))
+    now = [100.0]
+    sim = Simulator(source, catalog, ModelConfig(startup_seconds=0), clock=lambda: now[0])
+
+    def tick() -> tuple[dict[str, DeviceReading], dict[str, PodServerReading]]:
+        sim.step()
+        now[0] += 1
+        view = sim.view()
+        devices = {r.pod.name: r for r in view.devices if r.pod is not None}
+        return devices, {s.pod: s for s in view.servers}
+
+    tick()
+    devices, servers = tick()  # on the PodInfos that marking them ready made
+    assert set(devices) == set(servers) == {"chat-1", "idle-1"}
+    again, servers_again = tick()
+    assert all(again[name] is devices[name] for name in devices)
+    assert all(servers_again[name] is servers[name] for name in servers)
+
+    sim.set_load(busy.workload, 5.0)
+    loaded, servers_loaded = tick()
+    assert loaded["chat-1"] is not devices["chat-1"] and loaded["chat-1"].busy > 0
+    assert servers_loaded["chat-1"].success_total > servers["chat-1"].success_total
+    assert loaded["idle-1"] is devices["idle-1"]
+    assert servers_loaded["idle-1"] is servers["idle-1"]
+    assert sim.describe(idle.workload)["pods"][0]["slice"] == "gpu-h100"
+
+    node = source.nodes["gpu-a"]
+    a100 = catalog.products["a100-80gb"].gfd_label
+    source.nodes["gpu-a"] = dataclasses.replace(node, labels={**node.labels, PRODUCT_LABEL: a100})
+    tick()
+    assert sim.describe(idle.workload)["pods"][0]["slice"] == "gpu-a100"  # its node changed
