@@ -143,7 +143,10 @@ class LoadModel:
         self._last: float | None = None
 
     def workload(self, key: WorkloadKey) -> WorkloadState:
-        return self.workloads.setdefault(key, WorkloadState())
+        state = self.workloads.get(key)
+        if state is None:  # not setdefault: that would make a state at every call
+            state = self.workloads[key] = WorkloadState()
+        return state
 
     def set_rate(self, key: WorkloadKey, rate: RateSource) -> None:
         self.workload(key).rate = rate
@@ -187,7 +190,8 @@ class LoadModel:
         start = now - dt
         self._last = now
         live = [r for r in replicas if not r.pod.terminating]
-        self.replicas = {r.pod.uid: self.replicas.get(r.pod.uid, ReplicaState()) for r in live}
+        known = self.replicas
+        self.replicas = {r.pod.uid: known.get(r.pod.uid) or ReplicaState() for r in live}
         result = TickResult(mark_ready=[], ooms=[])
         by_workload: dict[WorkloadKey, list[Replica]] = {}
         for replica in live:

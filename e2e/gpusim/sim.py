@@ -146,7 +146,9 @@ class Simulator:
         assert reading.pod is not None
         device = reading.device
         held = self.catalog.slice_for(device.resource, device.product.gfd_label)
-        account = self._accounts.setdefault(reading.pod.workload, Account())
+        account = self._accounts.get(reading.pod.workload)
+        if account is None:  # not setdefault: that would make an Account at every call
+            account = self._accounts[reading.pod.workload] = Account()
         account.energy_joules += reading.own_power_w * dt
         if held is not None:
             account.cost += held.price_per_hour * dt / 3600
