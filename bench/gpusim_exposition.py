@@ -3,8 +3,8 @@
 Prometheus scrapes the emulator every 5 s with a 4 s timeout; at 5,000 GPUs one Python process
 must render every series in time while it also ticks. This builds a Simulator over an in-memory
 cluster (whole H100s, 64 per node like bench/nodepools-scale.yaml, one single-GPU workload per
-pod, every replica Ready and loaded), serves it with the real GpusimServer on a free port, and
-measures (medians of --repeat runs):
+pod, every replica Ready, all loaded or, with --loaded, a share of them), serves it with the
+real GpusimServer on a free port, and measures (medians of --repeat runs):
 
 - tick: what the tick thread does per tick, pod allocation already done: one
   `Simulator.step()`, plus the render of /metrics where the server renders it once per tick
@@ -13,7 +13,10 @@ measures (medians of --repeat runs):
 - scrape+tick: `GET /metrics` while another thread ticks back to back (the worst case for the
   GIL and the simulator's lock), median and max.
 
-Usage: python bench/gpusim_exposition.py [--sizes 100,1000,5000] [--repeat 5] [--baseline REV]
+Usage: python bench/gpusim_exposition.py [--sizes 100,1000,5000] [--repeat 5] [--loaded 1]
+    [--baseline REV]
+--loaded 0.003 loads 30 workloads in 10,000, as the scale benchmark's latency samples do: the
+rest stay idle, and read the same from tick to tick.
 With --baseline REV it also runs the same measurements on REV's e2e/ (exported with
 `git archive` to a temporary directory, in a subprocess) and prints both side by side.
 """
@@ -41,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 GPUS_PER_NODE = 64
 
 
-def measure(n: int, repeat: int, tree: Path) -> dict[str, float]:
+def measure(n: int, repeat: int, tree: Path, loaded: float = 1.0) -> dict[str, float]:
     """Figures for n GPUs and n pods, with the e2e package found first on sys.path."""
     from gpusizer.catalog import load_catalog
 
@@ -63,7 +66,7 @@ def measure(n: int, repeat: int, tree: Path) -> dict[str, float]:
         source.add_pod(gpu_pod(f"w{i}-0", f"gpu-{i // GPUS_PER_NODE:03d}", workload=f"w{i}"))
     now = [0.0]
     sim = Simulator(source, catalog, ModelConfig(startup_seconds=0), clock=lambda: now[0])
-    for i in range(n):
+    for i in range(math.ceil(n * loaded)):
         sim.set_load(("llm", f"w{i}"), 1.0 + (i % 17) * 0.7)  # 10-130 % of a replica
     started = time.perf_counter()
     sim.step()  # allocates every pod's GPU
@@ -149,7 +152,7 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
-def run_baseline(rev: str, sizes: str, repeat: int) -> list[dict[str, float]]:
+def run_baseline(rev: str, sizes: str, repeat: int, loaded: float) -> list[dict[str, float]]:
     """The same figures on REV's emulator, in a subprocess that imports only REV's e2e/."""
     with tempfile.TemporaryDirectory(prefix="gpusim-baseline-") as tree:
         archive = subprocess.run(
@@ -157,6 +160,7 @@ def run_baseline(rev: str, sizes: str, repeat: int) -> list[dict[str, float]]:
         ).stdout
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
         command = [sys.executable, __file__, "--sizes", sizes, "--repeat", str(repeat)]
+        command += ["--loaded", str(loaded)]
         out = subprocess.run(
             [*command, "--json", "--tree", tree],
             check=True,
@@ -171,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,5000")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--loaded", type=float, default=1.0, help="share of workloads with load")
     parser.add_argument("--baseline", metavar="REV", help="also measure REV's e2e/gpusim")
     parser.add_argument("--tree", type=Path, default=REPO, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -179,15 +184,16 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[str, list[dict[str, Any]]] = {}
     if args.baseline:
-        results[args.baseline] = run_baseline(args.baseline, args.sizes, args.repeat)
-    current = [measure(n, args.repeat, args.tree.resolve()) for n in sizes]
+        results[args.baseline] = run_baseline(args.baseline, args.sizes, args.repeat, args.loaded)
+    current = [measure(n, args.repeat, args.tree.resolve(), args.loaded) for n in sizes]
     if args.json:
         print(json.dumps(current))
         return
     results["now"] = current
     print(
         f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}; seconds, "
-        f"median of {args.repeat} (scrape+tick: of {2 * args.repeat}, and their max)"
+        f"median of {args.repeat} (scrape+tick: of {2 * args.repeat}, and their max); "
+        f"{args.loaded:.1%} of workloads loaded"
     )
     print(table(results))
 
