@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import requests
 import yaml
 from hostinfo import machine
+from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -71,9 +72,18 @@ def log(message: str) -> None:
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 2.0) -> Any:
+    """`check`'s first true value; an API server too busy to answer a check (5xx) is asked again
+    at the next interval, as a 504 to the bench's own list of 10,000 WorkloadSizings ended a
+    run after 55 minutes (twenty-fourth session)."""
     deadline = time.monotonic() + timeout
     while True:
-        value = check()
+        try:
+            value = check()
+        except ApiException as err:
+            if err.status is None or err.status < 500:
+                raise
+            log(f"waiting for {what}: the API server answered {err.status} {err.reason}")
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -48,3 +49,18 @@ def test_more_than_a_fleet_at_rest_writes_is_not_quiet(after: dict[str, float]) 
 def test_the_refresh_budget_is_what_a_fleet_at_rest_may_patch() -> None:
     assert bench.at_rest(BEFORE, written(patches=100)) != ""
     assert bench.at_rest(BEFORE, written(patches=101)) == ""
+
+
+def test_a_busy_api_server_is_asked_again_and_a_refusal_is_not() -> None:
+    answers: list[Exception | int] = [ApiException(status=504, reason="Gateway Timeout"), 7]
+
+    def check() -> int:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert bench.wait_for(check, timeout=60, what="decisions", interval=0) == 7
+    answers[:] = [ApiException(status=403, reason="Forbidden")]
+    with pytest.raises(ApiException, match="Forbidden"):
+        bench.wait_for(check, timeout=60, what="decisions", interval=0)
