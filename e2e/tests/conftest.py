@@ -129,7 +129,8 @@ class Cluster:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
     def promql(self, query: str) -> list[dict[str, Any]]:
-        """An instant query's result vector, from this cluster's Prometheus."""
+        """An instant query's result, from this cluster's Prometheus: a vector, or a matrix
+        for a range selector."""
         url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
         with urllib.request.urlopen(url, timeout=10) as response:
             result: list[dict[str, Any]] = json.loads(response.read())["data"]["result"]

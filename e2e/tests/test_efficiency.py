@@ -247,21 +247,42 @@ def test_the_ledger_agrees_with_the_gpu_time_the_emulator_counted(
             f"the operator {held_seconds() - held_before:.1f}"
         )
 
+    def scraped() -> tuple[float, float]:
+        """What the counter's samples in the ledger's window grew by, and how far above that
+        `increase` may read however long the flat tail after the story: it extrapolates each
+        series at its average rate, at the start by half an average sample gap (a series born
+        inside the day) or back to where the series would be zero if sooner, at the end by at
+        most 1.1 gaps (Prometheus' promql/functions.go, extrapolatedRate)."""
+        query = f'{HELD_GPU_SECONDS}_total{{namespace="{workloads.namespace}",name="story"}}[1d]'
+        growth = allowance = 0.0
+        for series in cluster.promql(query):
+            samples = [(float(t), float(v)) for t, v in series["values"]]
+            grew, sampled = samples[-1][1] - samples[0][1], samples[-1][0] - samples[0][0]
+            if grew <= 0:
+                continue
+            gap = sampled / (len(samples) - 1)
+            to_zero = sampled * samples[0][1] / grew
+            growth += grew
+            allowance += grew / sampled * (min(gap / 2, to_zero) + 1.1 * gap)
+        return growth, allowance
+
     def agrees() -> list[dict[str, Any]] | None:
-        """The rows once the ledger reads what the counter holds, within 2 %: `increase`
-        extrapolates to the window's end at the series' average rate, by up to 1.1 scrape
-        intervals, which reads a story of two minutes up to 4 % high until its flat tail is
-        about five minutes long (Prometheus' promql/functions.go, extrapolatedRate)."""
+        """The rows once the ledger reads the counter's growth, extrapolated by no more than
+        `increase` may. The samples are read first: a later scrape of the flat counter only
+        narrows the allowance."""
+        growth, allowance = scraped()
         rows = ledger_rows()
         day = story_row(rows)
-        counted = (day["gpu_hours_used"] - earlier["gpu_hours_used"]) * 3600 if day else 0.0
-        return rows if abs(counted - used) < 0.02 * used else None
+        counted = day["gpu_hours_used"] * 3600 if day else 0.0
+        return rows if growth - 1e-6 <= counted <= growth + allowance + 1e-6 else None
 
     try:
-        rows = wait_until(agrees, 240, interval=3, what="the ledger's 24 h row")
+        rows = wait_until(agrees, 60, interval=3, what="the ledger's 24 h row")
     except TimeoutError:
+        growth, allowance = scraped()
         pytest.fail(
-            f"the emulator counted {used:.0f} GPU-seconds; the ledger: {story_row(ledger_rows())}"
+            f"the counter's samples grew by {growth:.1f} GPU-seconds (increase() may add "
+            f"{allowance:.1f}); the ledger: {story_row(ledger_rows())}"
         )
     row = story_row(rows)
     assert row is not None
