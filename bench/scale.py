@@ -63,6 +63,10 @@ from e2e.tests.operator_support import (  # noqa: E402
 NAMESPACE = "bench-scale"
 LABEL = "gpusizer.io/bench"
 GPUS_PER_NODE = 64
+# The bench's own lists of the fleet's Deployments and WorkloadSizings, while it waits for
+# them to be ready and decided, are load on the API server under test: at most this many
+# objects a second (the twenty-fourth session's note: at 10,000, a list every 5 s).
+LISTED_PER_SECOND = 1000.0
 HIGH_RPS = 30.0  # 3x one replica's 70 % target: every sample must scale up
 SCRAPE_SECONDS = 5.0  # cluster-up.sh's scrape_interval
 
@@ -193,6 +197,11 @@ def listed_deployments(apps: Any) -> dict[str, Any]:
     return listed
 
 
+def poll_interval(size: int) -> float:
+    """Seconds between the bench's lists of `size` objects: 5, or longer at larger sizes."""
+    return max(5.0, size / LISTED_PER_SECOND)
+
+
 def ready_deployments(apps: Any, names: set[str]) -> int:
     return sum(
         1
@@ -233,7 +242,7 @@ def grow(
         lambda: ready_deployments(apps, everyone) == size,
         timeout=300 + size * 0.6,
         what=f"{size} ready Deployments",
-        interval=5,
+        interval=poll_interval(size),
     )
     log(f"{size} Deployments ready after {time.monotonic() - started:.0f}s")
     apply_list(cluster, [workload_sizing(n) for n in names])
@@ -250,7 +259,7 @@ def grow(
         return counts[0] == size and counts[1] >= 0.99 * size
 
     try:
-        wait_for(settled, timeout=300 + size * 0.2, what="decisions", interval=5)
+        wait_for(settled, timeout=300 + size * 0.2, what="decisions", interval=poll_interval(size))
     except TimeoutError:
         if counts[0] < size:
             raise

@@ -64,3 +64,10 @@ def test_a_busy_api_server_is_asked_again_and_a_refusal_is_not() -> None:
     answers[:] = [ApiException(status=403, reason="Forbidden")]
     with pytest.raises(ApiException, match="Forbidden"):
         bench.wait_for(check, timeout=60, what="decisions", interval=0)
+
+
+@pytest.mark.parametrize("size", [100, 1000, 5000, 10000, 20000])
+def test_the_bench_lists_no_faster_than_its_budget_and_as_before_up_to_5000(size: int) -> None:
+    interval = bench.poll_interval(size)
+    assert size / interval <= bench.LISTED_PER_SECOND
+    assert interval == 5.0 or size > 5000  # figures up to 5,000 comparable with earlier runs
