@@ -4,6 +4,8 @@ measured as the steady state."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,3 +73,25 @@ def test_the_bench_lists_no_faster_than_its_budget_and_as_before_up_to_5000(size
     interval = bench.poll_interval(size)
     assert size / interval <= bench.LISTED_PER_SECOND
     assert interval == 5.0 or size > 5000  # figures up to 5,000 comparable with earlier runs
+
+
+class SlowCluster:
+    """kubectl that times out `slow` times, then applies."""
+
+    def __init__(self, slow: int) -> None:
+        self.slow = slow
+        self.applied: list[int] = []
+
+    def kubectl(self, *args: str, stdin: str = "") -> None:
+        if self.slow:
+            self.slow -= 1
+            raise subprocess.TimeoutExpired(["kubectl", *args], 120)
+        self.applied.append(len(json.loads(stdin)["items"]))
+
+
+def test_a_chunk_kubectl_gave_up_on_is_applied_again_and_not_forever() -> None:
+    cluster = SlowCluster(slow=2)
+    bench.apply_list(cluster, [{"kind": "Deployment"}] * 300)
+    assert cluster.applied == [250, 50]
+    with pytest.raises(subprocess.TimeoutExpired):
+        bench.apply_list(SlowCluster(slow=bench.APPLY_ATTEMPTS), [{}])
