@@ -189,7 +189,8 @@ def apply_list(cluster: Cluster, items: list[dict[str, Any]]) -> None:
     whole, which is idempotent: one of 250 Deployments took over kubectl's 120 s while the
     second 5,000 were created on a two-core Intel host (twenty-fifth session)."""
     for start in range(0, len(items), 250):
-        chunk = {"apiVersion": "v1", "kind": "List", "items": items[start : start + 250]}
+        part = items[start : start + 250]
+        chunk = {"apiVersion": "v1", "kind": "List", "items": part}
         for attempt in range(1, APPLY_ATTEMPTS + 1):
             try:
                 cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(chunk))
@@ -197,7 +198,7 @@ def apply_list(cluster: Cluster, items: list[dict[str, Any]]) -> None:
             except subprocess.TimeoutExpired as exc:
                 if attempt == APPLY_ATTEMPTS:
                     raise
-                log(f"applying objects {start}-{start + 249} again: {exc}")
+                log(f"applying objects {start}-{start + len(part) - 1} again: {exc}")
 
 
 def listed_deployments(apps: Any) -> dict[str, Any]:
