@@ -190,10 +190,10 @@ def apply_list(cluster: Cluster, items: list[dict[str, Any]]) -> None:
     second 5,000 were created on a two-core Intel host (twenty-fifth session)."""
     for start in range(0, len(items), 250):
         part = items[start : start + 250]
-        chunk = {"apiVersion": "v1", "kind": "List", "items": part}
+        chunk = json.dumps({"apiVersion": "v1", "kind": "List", "items": part})
         for attempt in range(1, APPLY_ATTEMPTS + 1):
             try:
-                cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(chunk))
+                cluster.kubectl("apply", "--server-side", "-f", "-", stdin=chunk)
                 break
             except subprocess.TimeoutExpired as exc:
                 if attempt == APPLY_ATTEMPTS:
