@@ -213,15 +213,31 @@ async def test_a_refused_query_or_an_outage_holds_nothing(
     assert (failed_whole(failing) is not None) is everything_fails
 
 
-async def test_memory_unanswered_is_not_held() -> None:
-    # it sizes slices and no decision ages it: a failed read of it stays failed
+async def test_memory_unanswered_is_held_for_one_read_of_it() -> None:
+    """A memory read that timed out keeps the last answer, marked why, until the next read of
+    it: one timeout must not take every workload's reading away and back. Nothing ages it, so
+    a second failure in a row says it."""
     memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)}, read_at=1000.0)
     metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
     reader = SnapshotReader(metrics, Server, 5, monotonic=lambda: 0.0)
     first = await reader.read()
     metrics.answers[MEMORY] = TIMED_OUT
     second = await read_full(metrics, Server, last=first)
-    assert second.errors[MEMORY] == TIMED_OUT and MEMORY not in second.signals
+    held = second.signals[MEMORY]
+    assert MEMORY not in second.errors
+    assert held.samples == memory.samples and held.read_at == 1000.0 and held.held == TIMED_OUT
+    third = await read_full(metrics, Server, last=second)
+    assert third.errors[MEMORY] == TIMED_OUT and MEMORY not in third.signals
+
+
+async def test_memory_refused_is_not_held() -> None:
+    memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)}, read_at=1000.0)
+    metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
+    first = await read_full(metrics, Server)
+    refused = Problem(Reason.QUERY_ERROR, "HTTP Status Code 400: bad_data")
+    metrics.answers[MEMORY] = refused
+    second = await read_full(metrics, Server, last=first)
+    assert second.errors[MEMORY] == refused and MEMORY not in second.signals
 
 
 async def test_a_pod_an_answer_leaves_out_keeps_its_last_sample_aged_since() -> None:

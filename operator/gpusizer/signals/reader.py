@@ -67,13 +67,18 @@ def _held(snap: Snapshot, last: Snapshot) -> None:
     every workload say its metrics lost and back, an Event and a status write each way, which
     kept it too busy (bench/README.md, "Issue 29"); a failure that outlasts the samples is said
     as slowly as an outage (report.turn). A read in which every query failed holds nothing:
-    that is an outage (signals.health), and a query Prometheus refuses is said at once."""
+    that is an outage (signals.health), and a query Prometheus refuses is said at once.
+
+    GPU memory (SLOW_SIGNALS) is held for one failed read of it, not more: nothing ages it (it
+    is only a status reading), and its query timing out once at 10,000 workloads took the
+    reading away from every workload and gave it back a slow period later, two status writes
+    each (bench/README.md, "Issue 29: a memory read that timed out")."""
     for name, problem in list(snap.errors.items()):
         kept = last.signals.get(name)
         if (
-            name in REPLICA_SIGNALS
-            and problem.reason is Reason.PROMETHEUS_UNREACHABLE
+            problem.reason is Reason.PROMETHEUS_UNREACHABLE
             and kept is not None
+            and (name in REPLICA_SIGNALS or (name in SLOW_SIGNALS and kept.held is None))
         ):
             since = snap.time if kept.held_since is None else kept.held_since
             snap.signals[name] = PodSamples(
