@@ -30,7 +30,7 @@ from gpusizer.signals.health import (
     failed_whole,
 )
 from gpusizer.signals.parse import PodSamples, Problem, Sample
-from gpusizer.signals.queries import GPU_UTIL, request_rate_signal
+from gpusizer.signals.queries import GPU_UTIL, queue_signal, request_rate_signal
 from gpusizer.signals.reader import SnapshotReader, read_full
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.startup import Runtime
@@ -725,8 +725,9 @@ class Partly:
     def now(self) -> float:
         return self.t
 
-    async def run(self, seconds: float, util_answers: bool) -> float:
-        """Periods for `seconds`; returns when they began."""
+    async def run(self, seconds: float, util_answers: bool, queue: float = 0.0) -> float:
+        """Periods for `seconds`, every pod with `queue` requests waiting; returns when they
+        began."""
         start, fleet = self.t, self.fleet
         pods = [p for ps in fleet.pods.values() for p in ps]
         while self.t < start + seconds:
@@ -734,6 +735,10 @@ class Partly:
                 name: dataclasses.replace(samples, read_at=self.t)
                 for name, samples in snapshot(70.0, pods).signals.items()
             }
+            waiting = answers[queue_signal(Server.VLLM)]
+            answers[queue_signal(Server.VLLM)] = dataclasses.replace(
+                waiting, samples={p: Sample(queue, s.age) for p, s in waiting.samples.items()}
+            )
             if not util_answers:
                 answers[GPU_UTIL] = TIMED_OUT
             fleet.metrics.answers = answers
@@ -787,3 +792,39 @@ async def test_a_shared_query_failing_past_its_samples_is_said_after_the_grace()
     assert sum(downs.values()) == fleet.size
     assert min(downs) >= start + DAMPING.grace_seconds
     assert max(downs.values()) < fleet.size, "not the whole fleet in one round"
+
+
+async def test_inside_the_grace_the_readings_and_what_follows_them_stand() -> None:
+    """A shared query failing past the samples it held is the fleet's, said after the grace:
+    until then no workload writes its readings gone, nor its idleness or its limit with them
+    (bench/README.md, "Issue 29: a memory read that timed out")."""
+    idle = spec(
+        metrics={"server": "vllm", "maxSampleAgeSeconds": 10},
+        replicas={"min": 2, "targetQueuePerReplica": 4},
+        scaleToZero={"idleUtilization": 80},
+    )
+    fleet = Fleet(size=5, spec=idle)
+    partly = Partly(fleet)
+    await partly.run(60, util_answers=True)
+    idleness = {n: condition(fleet.statuses[n], "ScaledToZero") for n in fleet.names}
+    assert {c["reason"] for c in idleness.values()} == {Reason.IDLE.value}
+    start = await partly.run(DAMPING.grace_seconds - SYNC, util_answers=False)
+    assert all(holding_decisions(fleet)), "past the samples: replicas held"
+    written = [patch for when, _, patch in fleet.patches if when >= start]
+    assert not [p for p in written if "conditions" in p]
+    readings = [p["observation"] for p in written if "observation" in p]
+    assert all(r.get("gpuUtilization") is not None for r in readings), readings
+    assert {n: condition(fleet.statuses[n], "ScaledToZero") for n in fleet.names} == idleness
+    await partly.run(SYNC, util_answers=False, queue=40)  # scaled up on the queue: said
+    for name in fleet.names:
+        assert fleet.statuses[name]["currentReplicas"] > 2
+        assert condition(fleet.statuses[name], "ScaledToZero")["reason"] == Reason.ACTIVE.value
+
+    await partly.run(DAMPING.spread_seconds + 3 * SYNC, util_answers=False)  # said, after
+    for name in fleet.names:
+        assert fleet.statuses[name]["observation"].get("gpuUtilization") is None
+        assert condition(fleet.statuses[name], "ScaledToZero")["reason"] == Reason.ACTIVE.value
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)

@@ -101,6 +101,7 @@ class Report:
         self._damping = damping or OutageDamping()
         self._budget = budget or RefreshBudget()
         self._outage_says_it = False  # MetricsAvailable follows an outage: no Event of its own
+        self._readings_stand = False  # a shared query failing inside its grace (`_damped`)
         self.events: list[EventIntent] = []
 
     def metrics_condition(
@@ -158,6 +159,7 @@ class Report:
             and shared_since is not None
             and not self._after_grace(shared_since)
         ):
+            self._readings_stand = True
             return old  # a shared query failing: said for the fleet, and slowly
         if first_failure and state.status is False and self._prometheus.down is None:
             return old  # an outage that is over says nothing of this failure
@@ -187,6 +189,26 @@ class Report:
         shown_now = self._damping.shown(outage, obj.namespace, obj.name, self._workloads, self._now)
         return state if shown_now else old
 
+    def _as_shown(
+        self, status: Mapping[str, Any], conditions: list[ConditionState]
+    ) -> tuple[dict[str, Any], list[ConditionState]]:
+        """While MetricsAvailable stands through a shared query's grace, so do the observation
+        and the conditions that follow from the readings, unless the replicas changed: the
+        readings went unknown for the fleet, not for this workload. At 10,000 workloads a
+        Prometheus too busy to answer for longer than the samples it held made every workload
+        write its readings gone and back, and its ScaledToZero and ScalingLimited reasons with
+        them (bench/README.md, "Issue 29: a memory read that timed out")."""
+        shown = {k: v for k, v in status.items() if k != "observation"}
+        if status.get("current_replicas") != self._obj.status.get("currentReplicas"):
+            return shown, conditions
+        kept = []
+        for state in conditions:
+            before = None
+            if state.type in _FOLLOW_THE_READINGS:
+                before = _condition(self._old_conditions, state.type)
+            kept.append(state if before is None else before[0])
+        return shown, kept
+
     def says(self, since: float) -> bool:
         """Whether the status says a failure of a read shared by every workload that began
         at `since` (the list of other autoscalers, while the API server is away): only once it
@@ -213,6 +235,8 @@ class Report:
     ) -> Outcome:
         """`status`: the WorkloadSizingStatus fields the turn sets (None deletes one)."""
         old = self._old_conditions
+        if self._readings_stand:
+            status, conditions = self._as_shown(status, conditions)
         quiet = {ConditionType.METRICS_AVAILABLE} if self._outage_says_it else set()
         for state in conditions:
             if (
@@ -249,6 +273,10 @@ class Report:
             lambda: self._prometheus.down is None and self._budget.take(self._now),
         )
         return Outcome(status_patch=patch, events=self.events, pods=pods)
+
+
+# the conditions a decision on unknown readings changes by itself (idleness, the limit met)
+_FOLLOW_THE_READINGS = frozenset({ConditionType.SCALED_TO_ZERO, ConditionType.SCALING_LIMITED})
 
 
 def _shared_since(problems: Sequence[SignalProblem]) -> float | None:
