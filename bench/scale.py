@@ -44,6 +44,7 @@ import requests
 import yaml
 from hostinfo import machine
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import ProtocolError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -76,9 +77,10 @@ def log(message: str) -> None:
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 2.0) -> Any:
-    """`check`'s first true value; an API server too busy to answer a check (5xx) is asked again
-    at the next interval, as a 504 to the bench's own list of 10,000 WorkloadSizings ended a
-    run after 55 minutes (twenty-fourth session)."""
+    """`check`'s first true value; an API server too busy to answer a check (5xx), or whose
+    answer broke off, is asked again at the next interval: a 504 to the bench's own list of
+    10,000 WorkloadSizings ended a run after 55 minutes (twenty-fourth session), and that list
+    cut off after 31 MB another (twenty-sixth session)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -87,6 +89,9 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
             if err.status is None or err.status < 500:
                 raise
             log(f"waiting for {what}: the API server answered {err.status} {err.reason}")
+            value = None
+        except ProtocolError as err:
+            log(f"waiting for {what}: the API server's answer broke off: {err}")
             value = None
         if value:
             return value

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import ProtocolError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -63,6 +64,8 @@ def test_a_busy_api_server_is_asked_again_and_a_refusal_is_not() -> None:
         return answer
 
     assert bench.wait_for(check, timeout=60, what="decisions", interval=0) == 7
+    answers[:] = [ProtocolError("Connection broken: IncompleteRead(31646909 bytes read)"), 8]
+    assert bench.wait_for(check, timeout=60, what="decisions", interval=0) == 8
     answers[:] = [ApiException(status=403, reason="Forbidden")]
     with pytest.raises(ApiException, match="Forbidden"):
         bench.wait_for(check, timeout=60, what="decisions", interval=0)
