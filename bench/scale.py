@@ -192,13 +192,17 @@ APPLY_ATTEMPTS = 3
 def apply_list(cluster: Cluster, items: list[dict[str, Any]]) -> None:
     """Server-side apply, 250 objects at a time. A chunk kubectl gave up on is applied again,
     whole, which is idempotent: one of 250 Deployments took over kubectl's 120 s while the
-    second 5,000 were created on a two-core Intel host (twenty-fifth session)."""
+    second 5,000 were created on a two-core Intel host (twenty-fifth session). The bench owns
+    what it applies (--force-conflicts): on a cluster kept from an earlier run (--cluster-dir)
+    the operator has scaled the sampled Deployments, and each size starts from one replica."""
     for start in range(0, len(items), 250):
         part = items[start : start + 250]
         chunk = json.dumps({"apiVersion": "v1", "kind": "List", "items": part})
         for attempt in range(1, APPLY_ATTEMPTS + 1):
             try:
-                cluster.kubectl("apply", "--server-side", "-f", "-", stdin=chunk)
+                cluster.kubectl(
+                    "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=chunk
+                )
                 break
             except subprocess.TimeoutExpired as exc:
                 if attempt == APPLY_ATTEMPTS:
