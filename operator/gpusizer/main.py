@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from gpusizer import handlers
+from gpusizer import handlers, indexing_gate
 from gpusizer.settings import OperatorSettings
 
 
@@ -15,6 +15,7 @@ def run_operator(
     settings: OperatorSettings, namespaces: Sequence[str], health_address: str
 ) -> None:
     """Watches `namespaces`, or the whole cluster when there are none."""
+    indexing_gate.wake_only_on_change()
     handlers.register(settings)
     asyncio.run(
         kopf.operator(

@@ -1,0 +1,134 @@
+"""kopf's indexing gate, patched (gpusizer.indexing_gate): it wakes its waiters when it opens
+or closes, and only then."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+import kopf
+import pytest
+from gpusizer import indexing_gate, main
+from gpusizer.settings import OperatorSettings, PrometheusSettings
+from kopf._cogs.aiokits import aiotoggles
+
+KOPF_METHODS = ("make_toggle", "drop_toggle", "drop_toggles")
+
+
+@pytest.fixture
+def kopfs(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """kopf's methods, as they are before the test and come back after it."""
+    methods = {name: getattr(aiotoggles.ToggleSet, name) for name in KOPF_METHODS}
+    for name, method in methods.items():
+        monkeypatch.setattr(aiotoggles.ToggleSet, name, method)
+    return methods
+
+
+@pytest.fixture
+def patched(kopfs: dict[str, object]) -> None:
+    assert indexing_gate.wake_only_on_change()
+
+
+class StateTests:
+    """How many times the set's state was tested: once per waiter woken, and per change."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def all_on(self, states: Iterable[bool]) -> bool:
+        self.count += 1
+        return all(states)
+
+
+async def start(indexed: aiotoggles.ToggleSet, objects: int) -> list[asyncio.Task[None]]:
+    """A start as kopf's: a toggle made and a worker spawned per listed object, the watch
+    awaiting between objects; each worker drops its toggle and waits for the set."""
+
+    async def worker(toggle: aiotoggles.Toggle) -> None:
+        await asyncio.sleep(0)
+        await indexed.drop_toggle(toggle)
+        await indexed.wait_for(True)
+
+    workers = []
+    for number in range(objects):
+        toggle = await indexed.make_toggle(name=f"object {number}")
+        workers.append(asyncio.create_task(worker(toggle)))
+        await asyncio.sleep(0)
+    return workers
+
+
+@pytest.mark.usefixtures("patched")
+async def test_a_start_on_listed_objects_wakes_each_waiter_once() -> None:
+    tests = StateTests()
+    indexed = aiotoggles.ToggleSet(tests.all_on)
+    blocker = await indexed.make_toggle(name="orchestration blocker")
+    workers = await start(indexed, 300)
+    await indexed.drop_toggle(blocker)
+    await asyncio.wait_for(asyncio.gather(*workers), 10)
+    # per object: two tests as its toggle is made, two as it is dropped, one as its worker
+    # begins to wait and one when the set opens; kopf's own wakes every waiter at every toggle
+    assert tests.count <= 6 * 300 + 3
+
+
+@pytest.mark.usefixtures("patched")
+async def test_no_worker_passes_while_one_toggle_stays() -> None:
+    indexed = aiotoggles.ToggleSet(all)
+    blocker = await indexed.make_toggle(name="orchestration blocker")
+    workers = await start(indexed, 20)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not any(worker.done() for worker in workers)
+    await indexed.drop_toggles([blocker])
+    await asyncio.wait_for(asyncio.gather(*workers), 10)
+
+
+@pytest.mark.usefixtures("patched")
+async def test_a_toggle_made_on_an_open_set_wakes_who_waits_for_it_closed() -> None:
+    paused = aiotoggles.ToggleSet(any)
+    waiting = asyncio.create_task(paused.wait_for(True))
+    await asyncio.sleep(0)
+    conflict = await paused.make_toggle(True, name="a peer with a higher priority")
+    await asyncio.wait_for(waiting, 10)
+    released = asyncio.create_task(paused.wait_for(False))
+    await asyncio.sleep(0)
+    assert not released.done()
+    await paused.drop_toggle(conflict)
+    await asyncio.wait_for(released, 10)
+
+
+@pytest.mark.usefixtures("patched")
+def test_patching_twice_keeps_the_patch() -> None:
+    assert indexing_gate.wake_only_on_change()
+    assert aiotoggles.ToggleSet.make_toggle is indexing_gate._make_toggle
+
+
+def test_a_kopf_whose_toggle_set_differs_is_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class OtherToggleSet:
+        def __init__(self, fn: object) -> None:
+            self._toggles: set[object] = set()
+
+        async def make_toggle(self) -> None: ...
+
+    monkeypatch.setattr(aiotoggles, "ToggleSet", OtherToggleSet)
+    with caplog.at_level(logging.WARNING, logger="gpusizer.indexing_gate"):
+        assert not indexing_gate.wake_only_on_change()
+    assert "has no _condition, _fn, is_on" in caplog.text
+    assert OtherToggleSet.make_toggle is not indexing_gate._make_toggle
+
+
+def test_the_operator_patches_the_gate_before_kopf_runs(
+    monkeypatch: pytest.MonkeyPatch, kopfs: dict[str, object]
+) -> None:
+    seen = []
+
+    async def operator(**_: object) -> None:
+        seen.append(aiotoggles.ToggleSet.make_toggle)
+
+    monkeypatch.setattr(kopf, "operator", operator)
+    monkeypatch.setattr(main.handlers, "register", lambda _: None)
+    settings = OperatorSettings(prometheus=PrometheusSettings(url="http://prometheus:9090"))
+    main.run_operator(settings, [], "127.0.0.1:0")
+    assert seen == [indexing_gate._make_toggle]
