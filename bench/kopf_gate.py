@@ -24,6 +24,24 @@ from kopf._cogs.aiokits import aiotoggles
 KOPF_METHODS = ("make_toggle", "drop_toggle", "drop_toggles")
 
 
+async def listed(indexed: aiotoggles.ToggleSet, objects: int) -> list[asyncio.Task[None]]:
+    """kopf's start on `objects` listed objects: for each, a toggle made and a worker spawned,
+    the watch stream awaiting between objects; each worker drops its toggle and waits until
+    the set is on."""
+
+    async def worker(toggle: aiotoggles.Toggle) -> None:
+        await asyncio.sleep(0)  # the worker starts later than it is spawned
+        await indexed.drop_toggle(toggle)
+        await indexed.wait_for(True)
+
+    workers = []
+    for number in range(objects):
+        toggle = await indexed.make_toggle(name=f"object {number}")
+        workers.append(asyncio.create_task(worker(toggle)))
+        await asyncio.sleep(0)
+    return workers
+
+
 async def start(objects: int) -> tuple[float, int]:
     """Seconds until every worker passed the gate, and the tests of the set's state."""
     tests = 0
@@ -36,17 +54,7 @@ async def start(objects: int) -> tuple[float, int]:
     indexed = aiotoggles.ToggleSet(all_on)
     started = time.perf_counter()
     blocker = await indexed.make_toggle(name="orchestration blocker")
-
-    async def worker(toggle: aiotoggles.Toggle) -> None:
-        await asyncio.sleep(0)  # the worker starts later than it is spawned
-        await indexed.drop_toggle(toggle)
-        await indexed.wait_for(True)
-
-    workers = []
-    for number in range(objects):
-        toggle = await indexed.make_toggle(name=f"object {number}")
-        workers.append(asyncio.create_task(worker(toggle)))
-        await asyncio.sleep(0)  # the watch stream awaits between the listed objects
+    workers = await listed(indexed, objects)
     await indexed.drop_toggle(blocker)
     await asyncio.gather(*workers)
     return time.perf_counter() - started, tests

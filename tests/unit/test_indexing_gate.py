@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import kopf
 import pytest
 from gpusizer import indexing_gate, main
 from gpusizer.settings import OperatorSettings, PrometheusSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
 from kopf._cogs.aiokits import aiotoggles
+from kopf_gate import listed  # a start as kopf's
 
 KOPF_METHODS = ("make_toggle", "drop_toggle", "drop_toggles")
 
@@ -41,29 +47,12 @@ class StateTests:
         return all(states)
 
 
-async def start(indexed: aiotoggles.ToggleSet, objects: int) -> list[asyncio.Task[None]]:
-    """A start as kopf's: a toggle made and a worker spawned per listed object, the watch
-    awaiting between objects; each worker drops its toggle and waits for the set."""
-
-    async def worker(toggle: aiotoggles.Toggle) -> None:
-        await asyncio.sleep(0)
-        await indexed.drop_toggle(toggle)
-        await indexed.wait_for(True)
-
-    workers = []
-    for number in range(objects):
-        toggle = await indexed.make_toggle(name=f"object {number}")
-        workers.append(asyncio.create_task(worker(toggle)))
-        await asyncio.sleep(0)
-    return workers
-
-
 @pytest.mark.usefixtures("patched")
 async def test_a_start_on_listed_objects_wakes_each_waiter_once() -> None:
     tests = StateTests()
     indexed = aiotoggles.ToggleSet(tests.all_on)
     blocker = await indexed.make_toggle(name="orchestration blocker")
-    workers = await start(indexed, 300)
+    workers = await listed(indexed, 300)
     await indexed.drop_toggle(blocker)
     await asyncio.wait_for(asyncio.gather(*workers), 10)
     # per object: two tests as its toggle is made, two as it is dropped, one as its worker
@@ -75,7 +64,7 @@ async def test_a_start_on_listed_objects_wakes_each_waiter_once() -> None:
 async def test_no_worker_passes_while_one_toggle_stays() -> None:
     indexed = aiotoggles.ToggleSet(all)
     blocker = await indexed.make_toggle(name="orchestration blocker")
-    workers = await start(indexed, 20)
+    workers = await listed(indexed, 20)
     for _ in range(10):
         await asyncio.sleep(0)
     assert not any(worker.done() for worker in workers)
