@@ -250,6 +250,11 @@ def decided(custom: Any, names: set[str]) -> tuple[int, int]:
     return done, known
 
 
+def own_decisions(metrics: dict[str, float]) -> float:
+    """The decisions the operator behind `metrics` (`scrape`) made since it started."""
+    return metrics.get("gpusizer_reconcile_duration_seconds_count", 0.0)
+
+
 def grow(
     cluster: Cluster, apps: Any, custom: Any, have: int, size: int, metrics_port: int
 ) -> dict[str, Any]:
@@ -273,9 +278,13 @@ def grow(
     all_decided: float | None = None
 
     def settled() -> bool:
-        """Decided, nearly all with known metrics. (WorkloadSizings carry no finalizer since
-        271a25e: kopf has no backlog of finalizer patches left to wait for.)"""
+        """Decided, nearly all with known metrics, by this operator: on a kept cluster the
+        statuses may be an earlier operator's, and one restarted on a fleet of 10,000 once took
+        23 minutes to decide anything (bench/README.md). (WorkloadSizings carry no finalizer
+        since 271a25e: kopf has no backlog of finalizer patches left to wait for.)"""
         nonlocal counts, all_decided
+        if own_decisions(scrape(metrics_port)) < size:
+            return False
         counts = decided(custom, everyone)
         if counts[0] == size and all_decided is None:
             all_decided = time.monotonic() - started
