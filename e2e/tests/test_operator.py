@@ -89,6 +89,31 @@ def test_scale_up_under_load_then_down_after_the_window(
     workloads.wait_replicas("chat", lambda n: n == 1, 120, "down to 1")
 
 
+def test_a_quiet_workload_still_sees_its_target_changed_by_hand(
+    operator: Operator, workloads: Workloads
+) -> None:
+    """A workload at its min with no load has nothing to do that time alone could change: it
+    goes quiet, and is decided every four sync periods (fleet.py). The Deployment's watch
+    still brings a change made by hand: the workload is decided on it, and back at its min
+    after the down window, it is quiet again."""
+    workloads.deployment("calm", replicas=1)
+    workloads.load("calm", 0)
+    assert workloads.sizing("calm", sizing_spec("calm")).returncode == 0
+    wait_until(
+        lambda: operator.metric("gpusizer_quiet_workloads") >= 1, 120, what="a quiet workload"
+    )
+    workloads.cluster.kubectl(
+        "scale", "deployment", "calm", "-n", workloads.namespace, "--replicas=2"
+    )
+    wait_until(
+        lambda: workloads.status("calm").get("currentReplicas") == 2,
+        60,
+        what="the workload decided on the replicas set by hand",
+    )
+    workloads.wait_replicas("calm", lambda n: n == 1, 120, "back to its min")
+    wait_until(lambda: operator.metric("gpusizer_quiet_workloads") >= 1, 120, what="quiet again")
+
+
 def test_scale_to_zero_and_wake(operator: Operator, workloads: Workloads) -> None:
     ns = workloads.namespace
     workloads.deployment("idle", replicas=1)

@@ -10,6 +10,17 @@ on any cycle in which it changed: a pod it read moved, or an event of its object
 spec changed. Only the workloads a cycle may concern are asked: asking thousands at every read
 cost more than the read (bench/README.md).
 
+A quiet workload (its last turn found its replicas where its policy will want them for as long as
+what it reads stays as it was: `reconcile.quiet`) waits `quiet_every` sync periods for its next
+turn instead of one, for as long as nothing it reads changes: no pod it read moved (at any read,
+or, against what its last turn read, at a full read: a slow drift), no event of its object, its
+target or a pod it read came, and the reads every workload shares (other autoscalers, the
+list's failure, Prometheus' state) are as they were. Any of these ends the wait: its turn comes
+when it would have come had it not been quiet. Its turn then closes its running decision at the
+last read that showed nothing changed (`Member.saw_unchanged`), not at its last turn, so the
+stabilization windows are what they would have been. At 10,000 workloads the turns of unchanged
+workloads held the operator's core (bench/README.md, "Issue 29").
+
 Turns start one per pass of the event loop: a round of thousands of decisions that never wait
 would otherwise hold the loop for seconds while the watches, the event poster and the next read
 wait. Urgent ones (a pod they read moved, or they read none yet) start ahead of the rest: a load
@@ -26,8 +37,11 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from gpusizer.clock import Cycle, CycleClock
+from gpusizer.report import metrics
 from gpusizer.report.writer import WorkloadGone
+from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.parse import PodKey
+from gpusizer.signals.snapshot import Readings, drifted, readings
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +62,24 @@ class Member(Protocol):
         """The pods its last turn read: a cycle in which one moved concerns it."""
         ...
 
+    @property
+    def target(self) -> TargetKey | None:
+        """What its spec scales: an event of it may concern it."""
+        ...
+
+    @property
+    def quiet(self) -> bool:
+        """Its last turn found nothing that time alone, on what it read, could change."""
+        ...
+
     def urgent(self, cycle: Cycle) -> bool: ...
 
     def changed(self, cycle: Cycle) -> bool: ...
+
+    def saw_unchanged(self, until: float) -> None:
+        """Nothing it reads changed from its last turn to the read at `until`: its next turn
+        closes its running decision there."""
+        ...
 
 
 M = TypeVar("M", bound=Member)
@@ -63,21 +92,28 @@ class _Seat(Generic[M]):
     decided: int = 0  # the number of the cycle its last turn was on; 0: none yet
     due: int = 0  # the cycle it takes a turn on whatever changed, as indexed
     pods: tuple[PodKey, ...] = ()  # as indexed
+    target: TargetKey | None = None  # as indexed
     busy: bool = False  # a turn under way
     again: bool = False  # a cycle concerned it, or a nudge came, while busy
     nudged: bool = False
+    quiet: Readings | None = None  # while quiet: what its last turn read
 
 
 class Fleet(Generic[M]):
     """The workloads this process decides, by key (namespace, name)."""
 
-    def __init__(self, clock: CycleClock, decide_every: int = 1) -> None:
+    def __init__(self, clock: CycleClock, decide_every: int = 1, quiet_every: int = 1) -> None:
         self._clock = clock
         self._decide_every = decide_every
+        self._quiet_every = quiet_every  # sync periods a quiet workload waits; 1: none
         self._seats: dict[Key, _Seat[M]] = {}
         # in the order they came: turns start in it
         self._due: dict[int, dict[Key, None]] = {}
         self._by_pod: dict[PodKey, set[Key]] = {}
+        self._by_target: dict[TargetKey, set[Key]] = {}
+        self._quiet: set[Key] = set()
+        self._shared: object = None  # the reads every workload shares, as of the latest cycle
+        self._unchanged_at = 0.0  # the time of the latest cycle
         self._touched: set[Key] = set()
         # waiting for a turn, in order, the urgent ones apart
         self._urgent: dict[Key, None] = {}
@@ -117,6 +153,9 @@ class Fleet(Generic[M]):
             return
         self._schedule(key, seat, 0)
         self._index_pods(key, seat, ())
+        self._index_target(key, seat, None)
+        self._quiet.discard(key)
+        metrics.QUIET_WORKLOADS.set(len(self._quiet))
         self._urgent.pop(key, None)
         self._waiting.pop(key, None)
         self._touched.discard(key)
@@ -124,8 +163,21 @@ class Fleet(Generic[M]):
 
     def touch(self, key: Key) -> None:
         """An event of its object came: the next cycle asks it whether it changed."""
-        if key in self._seats:
+        seat = self._seats.get(key)
+        if seat is not None:
             self._touched.add(key)
+            self._disturb(key, seat)
+
+    def touch_pod(self, pod: PodKey) -> None:
+        """An event of a pod came: a quiet workload that read it is quiet no more."""
+        for key in list(self._by_pod.get(pod, ())):
+            self._disturb(key, self._seats[key])
+
+    def touch_target(self, target: TargetKey) -> None:
+        """An event of a Deployment or StatefulSet came: a quiet workload that scales it is
+        quiet no more."""
+        for key in list(self._by_target.get(target, ())):
+            self._disturb(key, self._seats[key])
 
     def nudge(self, key: Key) -> None:
         """A turn at once, ahead of the others, on the latest cycle even if it took one on it
@@ -135,6 +187,7 @@ class Fleet(Generic[M]):
         seat = self._seats.get(key)
         if seat is None or not seat.decided:
             return
+        self._disturb(key, seat)
         if not self._clock.fresh():
             self._schedule(key, seat, self._clock.number + 1)
             return
@@ -204,12 +257,14 @@ class Fleet(Generic[M]):
     ) -> None:
         try:
             outcome = await decide(seat.member, cycle)
+            if self._seats.get(key) is seat:  # a cycle in which a pod it read moves asks it
+                self._index_pods(key, seat, seat.member.pods)
+                self._index_target(key, seat, seat.member.target)
+                self._settle(key, seat, cycle)
             # let go before the status is written: while thousands of workloads first start,
             # their writes queue for the worker threads, and each turn waiting for its own
             # kept a cycle's snapshot alive (bench/README.md)
             del cycle
-            if self._seats.get(key) is seat:  # a cycle in which a pod it read moves asks it
-                self._index_pods(key, seat, seat.member.pods)
             if outcome is not None:
                 await report(seat.member, outcome)
         except WorkloadGone:
@@ -230,6 +285,17 @@ class Fleet(Generic[M]):
             self._queued.set()
 
     def _cycle_came(self, cycle: Cycle) -> None:
+        # quiet ones whose wait this cycle ends are due on it if their sync period is over
+        shared = (cycle.autoscalers, cycle.error, cycle.prometheus)
+        if shared != self._shared:
+            for key in list(self._quiet):
+                self._disturb(key, self._seats[key], earliest=self._clock.number)
+            self._shared = shared
+        elif cycle.snapshot.full:
+            for key in [
+                k for k in self._quiet if drifted(self._seats[k].quiet or {}, cycle.snapshot)
+            ]:
+                self._disturb(key, self._seats[key], earliest=self._clock.number)
         # those still waiting from the last round (most of them, when a round of turns takes
         # nearly a period) move up if this cycle is urgent to them
         for key in [k for k in self._waiting if self._seats[k].member.urgent(cycle)]:
@@ -239,6 +305,7 @@ class Fleet(Generic[M]):
         for key in woken:
             seat = self._seats[key]
             seat.due = 0
+            self._disturb(key, seat)  # its wait is over: nothing it reads changed till now
             self._enqueue(key, seat, cycle)
         asked = set(self._touched)
         self._touched.clear()
@@ -248,8 +315,10 @@ class Fleet(Generic[M]):
             if key in woken or key in self._urgent or key in self._waiting:
                 continue  # its turn, on the newest cycle, comes anyway
             seat = self._seats[key]
+            self._disturb(key, seat)
             if seat.member.changed(cycle):
                 self._enqueue(key, seat, cycle)
+        self._unchanged_at = cycle.snapshot.time
 
     def _enqueue(self, key: Key, seat: _Seat[M], cycle: Cycle) -> None:
         if seat.busy:
@@ -257,6 +326,36 @@ class Fleet(Generic[M]):
         elif key not in self._urgent and key not in self._waiting:
             (self._urgent if seat.member.urgent(cycle) else self._waiting)[key] = None
             self._queued.set()
+
+    def _settle(self, key: Key, seat: _Seat[M], cycle: Cycle) -> None:
+        """After a turn on `cycle`: a quiet workload's next turn waits `quiet_every` sync
+        periods, unless something came meanwhile (a nudge, a turn already due)."""
+        seat.quiet = None
+        self._quiet.discard(key)
+        if (
+            self._quiet_every > 1
+            and seat.member.quiet
+            and not seat.again
+            and seat.due == seat.decided + self._decide_every
+        ):
+            seat.quiet = readings(cycle.snapshot, seat.pods)
+            self._quiet.add(key)
+            self._schedule(key, seat, seat.decided + self._decide_every * self._quiet_every)
+        metrics.QUIET_WORKLOADS.set(len(self._quiet))
+
+    def _disturb(self, key: Key, seat: _Seat[M], earliest: int | None = None) -> None:
+        """Quiet no more: its turn comes when it would have, had it not been quiet (on cycle
+        `earliest` at the soonest, by default the next), and closes its running decision at
+        the latest cycle before, which showed nothing it reads changed."""
+        if seat.quiet is None:
+            return
+        seat.quiet = None
+        self._quiet.discard(key)
+        metrics.QUIET_WORKLOADS.set(len(self._quiet))
+        seat.member.saw_unchanged(self._unchanged_at)
+        if seat.due:
+            soonest = self._clock.number + 1 if earliest is None else earliest
+            self._schedule(key, seat, max(seat.decided + self._decide_every, soonest))
 
     def _schedule(self, key: Key, seat: _Seat[M], due: int) -> None:
         """Indexed to take a turn on cycle `due` (0: on none)."""
@@ -269,6 +368,19 @@ class Fleet(Generic[M]):
         seat.due = due
         if due:
             self._due.setdefault(due, {})[key] = None
+
+    def _index_target(self, key: Key, seat: _Seat[M], target: TargetKey | None) -> None:
+        if target == seat.target:
+            return
+        if seat.target is not None:
+            keys = self._by_target.get(seat.target)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_target[seat.target]
+        seat.target = target
+        if target is not None:
+            self._by_target.setdefault(target, set()).add(key)
 
     def _index_pods(self, key: Key, seat: _Seat[M], pods: tuple[PodKey, ...]) -> None:
         if pods == seat.pods:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # outlast a graceful restart of the API server, and the soak lost both replicas to one; these
 # outlast about five minutes (bench/README.md, the soak).
 API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 9)
+# the kinds of the targets watched, by the resource's plural (the one kopf's events name)
+TARGET_KINDS = {"deployments": "Deployment", "statefulsets": "StatefulSet"}
 
 
 def register(settings: OperatorSettings) -> None:
@@ -56,10 +58,7 @@ def register(settings: OperatorSettings) -> None:
             pods_by_namespace=kwargs["pods_by_namespace"],
             nodes=OnePerKey(kwargs["gpu_nodes"]),
             pods_by_label=kwargs["pods_by_label"],
-            targets={
-                "Deployment": OnePerKey(kwargs["deployments"]),
-                "StatefulSet": OnePerKey(kwargs["statefulsets"]),
-            },
+            targets={kind: OnePerKey(kwargs[plural]) for plural, kind in TARGET_KINDS.items()},
             activator_ports=kwargs["activator_ports"],
             gone=sweep.gone,
         )
@@ -76,10 +75,14 @@ def register(settings: OperatorSettings) -> None:
         config: OperatorSettings = memo.config
         return config.prometheus.url
 
+    # The pods' and the targets' indexes see each of their events first: a quiet workload
+    # that read the pod or scales the target is quiet no more (fleet.py).
     @kopf.index("", "v1", "pods", id="pods_by_namespace")
     async def pods_by_namespace(
-        *, namespace: str | None, body: kopf.Body, **_: Any
+        *, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
     ) -> dict[str, PodInfo]:
+        runtime: startup.Runtime = memo.runtime
+        runtime.fleet.touch_pod((namespace or "", name))
         return {namespace or "": indexed_pod(body)}
 
     @kopf.index("", "v1", "pods", id="pods_by_label")
@@ -95,8 +98,16 @@ def register(settings: OperatorSettings) -> None:
     @kopf.index("apps", "v1", "deployments", id="deployments")
     @kopf.index("apps", "v1", "statefulsets", id="statefulsets")
     async def gpu_targets(
-        *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+        *,
+        namespace: str | None,
+        name: str,
+        body: kopf.Body,
+        resource: kopf.Resource,
+        memo: kopf.Memo,
+        **_: Any,
     ) -> dict[tuple[str, str], TargetView] | None:
+        runtime: startup.Runtime = memo.runtime
+        runtime.fleet.touch_target((namespace or "", TARGET_KINDS[resource.plural], name))
         view = target_view(body)
         return {(namespace or "", name): view} if requests_gpu(view.pod_spec) else None
 

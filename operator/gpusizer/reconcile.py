@@ -137,10 +137,12 @@ async def reconcile(
     services: Services,
     memory: Memory,
     now: float,
+    unchanged_until: float | None = None,
 ) -> Outcome:
     """A valid spec, a target that can be read and that no other autoscaler owns; then what
     its pods show, the replica decision, right-sizing, the write the mode and the pause allow,
-    and the status and events that say so."""
+    and the status and events that say so. `unchanged_until`: the fleet saw nothing the
+    workload reads change from its last turn until then (fleet.Member.saw_unchanged)."""
     report = Report(
         obj,
         cycle.workloads,
@@ -163,7 +165,7 @@ async def reconcile(
     signals = await observe(checked, pods, cycle, services, memory, held, now)
     subject = Sized(obj.namespace, target, pods, view)
     measured = await measure(checked, subject, services, memory, now)
-    decision = decide(checked, pods, signals, memory, now)
+    decision = decide(checked, pods, signals, memory, now, unchanged_until)
     paused_by = pause_source(obj.annotations, target)
     sizing = RightSizingOutcome()
     if spec.right_sizing.mode != Mode.OFF:
@@ -211,7 +213,37 @@ async def reconcile(
     sized = sizing.condition or _out_of_memory(pods)
     if sized is not None:
         conditions.append(sized)
-    return report.finish(status, conditions, pods=tuple((p.namespace, p.name) for p in pods))
+    outcome = report.finish(status, conditions, pods=tuple((p.namespace, p.name) for p in pods))
+    outcome.quiet = (
+        decision.steady
+        and hold is None
+        and routed is None
+        and not acted.events
+        and not outcome.status_patch
+        and not outcome.events
+        and quiet_inputs(checked, pods, signals, cycle)
+    )
+    return outcome
+
+
+def quiet_inputs(
+    checked: Checked, pods: list[PodInfo], signals: WorkloadSignals, cycle: Cycle
+) -> bool:
+    """Whether every input of the turn but the time is one the fleet sees change: the pods'
+    readings in the shared snapshot, and the watches' copies of the object, its target and
+    its pods. Not its own queries, the window reads of right-sizing, or scale to zero's wake
+    and idle clocks; nor a target read from the API server while the watch lags."""
+    spec, queries = checked.spec, checked.queries
+    return (
+        checked.watched is not None
+        and spec.right_sizing.mode == Mode.OFF
+        and not spec.scale_to_zero.enabled
+        and not queries.queue
+        and not queries.wake
+        and not signals.problems
+        and cycle.prometheus.down is None
+        and all(p.ready and not p.terminating for p in pods)
+    )
 
 
 async def checks(
@@ -366,9 +398,11 @@ def decide(
     signals: WorkloadSignals,
     memory: Memory,
     now: float,
+    unchanged_until: float | None = None,
 ) -> ReplicaDecision:
     """The replica policy on what the cluster and the metrics show, with the history the
-    status carries."""
+    status carries. Its running decision was last seen at the later of this process's last
+    decision and `unchanged_until`."""
     obj, target = checked.obj, checked.target
     counts = ReplicaCounts(
         current=target.replicas,
@@ -379,7 +413,10 @@ def decide(
         startup_seconds=measured_startup(pods),
     )
     key = (obj.namespace, obj.name)
-    history = replace(history_from_status(obj.status), decided_at=memory.decided.get(key))
+    seen = memory.decided.get(key)
+    if seen is not None and unchanged_until is not None:
+        seen = max(seen, unchanged_until)
+    history = replace(history_from_status(obj.status), decided_at=seen)
     decision = decide_replicas(checked.spec, counts, signals.signals, history, now)
     memory.decided[key] = now
     metrics.WORKLOADS.decided(

@@ -63,6 +63,7 @@ class Runtime:
     clock: CycleClock
     executor: ThreadPoolExecutor
     decide_every: int = 1  # reads per sync period
+    quiet_every: int = 1  # sync periods between a quiet workload's turns (fleet.py)
     pod_sweep: PodSweep = field(default_factory=PodSweep)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     watching: threading.Event = field(default_factory=threading.Event)  # set: watches stop
@@ -74,7 +75,7 @@ class Runtime:
     confirming: asyncio.Task[None] | None = field(init=False, default=None)  # `took_over`
 
     def __post_init__(self) -> None:
-        self.fleet = Fleet(self.clock, self.decide_every)
+        self.fleet = Fleet(self.clock, self.decide_every, self.quiet_every)
 
     def saw(self, namespace: str, name: str, body: kopf.Body, logger: kopf.Logger) -> None:
         """An event of a WorkloadSizing that exists: the fleet decides it from now on with
@@ -280,6 +281,7 @@ def start(
         clock,
         executor,
         decide_every=config.decide_every,
+        quiet_every=config.quiet_every,
         pod_sweep=sweep,
         list_workloads=functools.partial(workload_uids, client),
         turns=Turns(view, services, memory, writer),

@@ -22,6 +22,7 @@ from gpusizer.report import metrics
 from gpusizer.report.status import StatusOverlay
 from gpusizer.report.turn import Outcome
 from gpusizer.report.writer import StatusNotWritten, WorkloadGone
+from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.parse import PodKey
 
 
@@ -44,6 +45,8 @@ class Workload:
     pods: tuple[PodKey, ...] = ()  # the ones its last decision read
     generation: int | None = None  # of the spec its last decision read
     held: dict[str, str] = field(default_factory=dict)  # the activator's records last seen
+    quiet: bool = False  # what its last decision found: see fleet.Member.quiet
+    unchanged_until: float | None = None  # see fleet.Member.saw_unchanged
 
     def activator_pushed(self, annotations: Mapping[str, str]) -> bool:
         """Whether an activator replica's record changed: it holds requests for this workload
@@ -69,6 +72,19 @@ class Workload:
     @property
     def uid(self) -> str:
         return str(self._part("metadata").get("uid") or "")
+
+    @property
+    def target(self) -> TargetKey | None:
+        ref = self._part("spec").get("targetRef") or {}
+        kind, name = ref.get("kind"), ref.get("name")
+        return (
+            (self.namespace, kind, name)
+            if isinstance(kind, str) and isinstance(name, str)
+            else None
+        )
+
+    def saw_unchanged(self, until: float) -> None:
+        self.unchanged_until = until
 
     def urgent(self, cycle: Cycle) -> bool:
         """Decided ahead of the others in `cycle`: one of its pods' readings moved, or it has
@@ -101,15 +117,18 @@ class Workload:
             generation=self.generation,
             uid=self.uid,
         )
+        unchanged_until, self.unchanged_until, self.quiet = self.unchanged_until, None, False
         try:
-            outcome = await reconcile(obj, view, cycle, services, memory, time.time())
+            outcome = await reconcile(
+                obj, view, cycle, services, memory, time.time(), unchanged_until
+            )
         except Exception:  # a bug: say so under the object's name, and decide again next cycle
             metrics.WORKLOADS.reconcile_failed(self.namespace, self.name)
             self.logger.exception("sizing failed; it is tried again within a sync period")
             return None
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-        self.pods = outcome.pods
+        self.pods, self.quiet = outcome.pods, outcome.quiet
         return outcome
 
     async def report(self, outcome: Outcome, writer: StatusSink) -> None:

@@ -9,15 +9,19 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 from gpusizer.clock import Cycle, CycleClock
 from gpusizer.fleet import Fleet
 from gpusizer.report.writer import WorkloadGone
-from gpusizer.signals.parse import PodKey, PodSamples, Sample
+from gpusizer.signals.autoscalers import TargetKey
+from gpusizer.signals.health import Outage, PrometheusState
+from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
 from gpusizer.signals.queries import GPU_UTIL
 from gpusizer.signals.snapshot import Snapshot
+from gpusizer.vocabulary import Reason
 
 from tests.fakes import never_fetched, steps_taken
 
@@ -32,10 +36,16 @@ class Member:
     is_urgent: Callable[[Cycle], bool] = lambda _: False
     has_changed: Callable[[Cycle], bool] = lambda _: False
     asked: list[float] = field(default_factory=list)
+    target: TargetKey | None = None
+    quiet: bool = False
+    unchanged: list[float] = field(default_factory=list)  # what saw_unchanged was told
 
     @property
     def key(self) -> tuple[str, str]:
         return "ns", self.name
+
+    def saw_unchanged(self, until: float) -> None:
+        self.unchanged.append(until)
 
     def urgent(self, cycle: Cycle) -> bool:
         return self.is_urgent(cycle)
@@ -82,11 +92,14 @@ def cycle(number: int, utilization: dict[str, float] | None = None) -> Cycle:
 
 
 def fleet_of(
-    *members: Member, decide_every: int = 1, monotonic: Callable[[], float] = time.monotonic
+    *members: Member,
+    decide_every: int = 1,
+    quiet_every: int = 1,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Fleet[Member]:
     """A fleet of `members` on a clock whose cycles the test publishes, an hour's period."""
     clock = CycleClock(never_fetched, period_seconds=3600, monotonic=monotonic)
-    fleet: Fleet[Member] = Fleet(clock, decide_every=decide_every)
+    fleet: Fleet[Member] = Fleet(clock, decide_every=decide_every, quiet_every=quiet_every)
     for member in members:
         fleet.join(member)
     return fleet
@@ -165,6 +178,133 @@ async def test_an_event_of_its_object_has_the_next_cycle_ask_a_waiting_workload(
         await passes()
     assert turns.taken == [("w", 1.0), ("w", 4.0)]
     assert member.asked == [4.0, 5.0]
+
+
+POD = ("ns", "w-0")
+
+
+def quiet_one(**kw: Any) -> Member:
+    """A workload whose every turn finds nothing that time alone could change."""
+    return Member("w", pods=(POD,), target=("ns", "Deployment", "w"), quiet=True, **kw)
+
+
+async def turns_on(
+    fleet: Fleet[Member],
+    cycles: range,
+    load: Callable[[int], float] = lambda _: 50.0,
+    before: Callable[[int], None] = lambda _: None,
+    **kw: Any,
+) -> list[float]:
+    """The cycles on which its turns came: `before(n)` runs just before cycle n comes."""
+    turns = Turns()
+    async with running(fleet, turns):
+        for number in cycles:
+            before(number)
+            fleet._clock.publish(replace(cycle(number, {"w-0": load(number)}), **kw))
+            await passes()
+    return [t for _, t in turns.taken]
+
+
+async def test_a_quiet_workload_waits_its_sync_periods_and_a_busy_one_does_not() -> None:
+    quiet = fleet_of(quiet_one(), decide_every=2, quiet_every=3)
+    assert await turns_on(quiet, range(1, 15)) == [1.0, 7.0, 13.0]
+    busy = fleet_of(Member("w", pods=(POD,)), decide_every=2, quiet_every=3)
+    assert await turns_on(busy, range(1, 8)) == [1.0, 3.0, 5.0, 7.0]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        lambda fleet: fleet.touch(("ns", "w")),
+        lambda fleet: fleet.touch_pod(POD),
+        lambda fleet: fleet.touch_target(("ns", "Deployment", "w")),
+    ],
+    ids=["its object", "a pod it read", "its target"],
+)
+async def test_an_event_ends_the_wait_and_the_turn_comes_as_it_would_have(
+    event: Callable[[Fleet[Member]], None],
+) -> None:
+    member = quiet_one()
+    fleet = fleet_of(member, decide_every=2, quiet_every=4)
+
+    def event_after_4(number: int) -> None:
+        if number == 5:
+            event(fleet)
+
+    # without the event: 1 and 9; with it, after cycle 4, its sync period (3) being over: 5,
+    # and quiet again, 13
+    assert await turns_on(fleet, range(1, 14), before=event_after_4) == [1.0, 5.0, 13.0]
+    assert member.unchanged == [4.0, 12.0]  # its turn on 5 closes its running decision there
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        lambda fleet: fleet.touch(("ns", "other")),
+        lambda fleet: fleet.touch_pod(("ns", "other-0")),
+        lambda fleet: fleet.touch_target(("ns", "Deployment", "other")),
+        lambda fleet: fleet.touch_target(("ns", "StatefulSet", "w")),
+    ],
+    ids=["another object", "another pod", "another target", "another kind"],
+)
+async def test_an_event_of_something_it_does_not_read_leaves_it_waiting(
+    event: Callable[[Fleet[Member]], None],
+) -> None:
+    member = quiet_one()
+    fleet = fleet_of(member, decide_every=2, quiet_every=4)
+    assert await turns_on(fleet, range(1, 10), before=lambda _: event(fleet)) == [1.0, 9.0]
+    assert member.unchanged == [8.0]
+
+
+@pytest.mark.parametrize(
+    "shared",
+    [
+        {"autoscalers": {("ns", "Deployment", "w"): "HorizontalPodAutoscaler w"}},
+        {"error": "listing HPAs and ScaledObjects failed: 503"},
+        {
+            "prometheus": PrometheusState(
+                Outage(Problem(Reason.PROMETHEUS_UNREACHABLE, "down"), 5.0)
+            )
+        },
+    ],
+    ids=["another autoscaler", "the list failing", "Prometheus out"],
+)
+async def test_a_change_of_what_every_workload_reads_ends_the_wait(shared: dict[str, Any]) -> None:
+    member = quiet_one()
+    fleet = fleet_of(member, decide_every=2, quiet_every=4)
+    turns = Turns()
+    async with running(fleet, turns):
+        for number in range(1, 6):
+            changed = shared if number >= 5 else {}
+            fleet._clock.publish(replace(cycle(number, {"w-0": 50.0}), **changed))
+            await passes()
+    assert [t for _, t in turns.taken] == [1.0, 5.0]
+    assert member.unchanged == [4.0]
+
+
+async def test_a_drift_too_slow_to_move_at_one_read_ends_the_wait_at_a_full_read() -> None:
+    member = quiet_one()
+    fleet = fleet_of(member, decide_every=1, quiet_every=10)
+    load = {1: 50.0, 2: 52.0, 3: 54.0, 4: 54.0}.__getitem__  # under 5 % a read, 8 % in all
+    assert await turns_on(fleet, range(1, 5), load) == [1.0, 3.0]
+    assert member.unchanged == [2.0]
+
+
+async def test_a_drift_between_full_reads_waits_for_the_next() -> None:
+    member = quiet_one()
+    fleet = fleet_of(member, decide_every=1, quiet_every=10)
+    turns = Turns()
+    async with running(fleet, turns):
+        fleet._clock.publish(cycle(1, {"w-0": 50.0}))
+        await passes()
+        moved_read = cycle(2, {"w-0": 52.0})
+        moved_read.snapshot.full = False
+        fleet._clock.publish(moved_read)
+        await passes()
+        assert [t for _, t in turns.taken] == [1.0]
+        fleet._clock.publish(cycle(3, {"w-0": 54.0}))
+        await passes()
+    assert [t for _, t in turns.taken] == [1.0, 3.0]
 
 
 async def test_a_workload_busy_while_it_changed_decides_on_the_newest_cycle() -> None:

@@ -62,6 +62,14 @@ def test_settings_read_as_the_command_line_does_unless_told_otherwise() -> None:
     )
 
 
+@pytest.mark.parametrize(("sync", "quiet_every"), [(5, 4), (15, 4), (30, 2), (60, 1), (90, 1)])
+def test_a_quiet_workload_waits_four_sync_periods_within_a_minute(
+    sync: float, quiet_every: int
+) -> None:
+    settings = OperatorSettings(PrometheusSettings(url="http://p"), sync_period_seconds=sync)
+    assert settings.quiet_every == quiet_every
+
+
 def test_workloads_take_their_turns_in_the_fleet_not_in_kopf_daemons_or_timers() -> None:
     """A daemon per workload kept a task, futures and their contexts for each: about half
     the heap at 5,000 workloads (bench/README.md, "the heap at 5,000, owner by owner")."""
@@ -279,6 +287,33 @@ async def test_an_event_of_a_workload_has_the_next_read_ask_it(
     assert kopf_.runtime.fleet._touched == set(), "a newcomer takes its first turn anyway"
     await kopf_.event("MODIFIED", workload_body("2", FINALIZER))
     assert kopf_.runtime.fleet._touched == {("ns", "chat")}
+
+
+DEPLOYMENTS = references.Resource("apps", "v1", "deployments", namespaced=True)
+
+
+async def test_an_event_of_a_pod_or_a_target_tells_the_fleet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quiet workload that read the pod or scales the target waits no more (fleet.py)."""
+    memo = runtime()
+    pods: list[tuple[str, str]] = []
+    targets: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(memo.fleet, "touch_pod", pods.append)
+    monkeypatch.setattr(memo.fleet, "touch_target", targets.append)
+    kopf_ = Kopf(monkeypatch, memo)
+    pod = {
+        "metadata": {"name": "chat-1", "namespace": "ns", "uid": "p1", "resourceVersion": "1"},
+        "status": {"phase": "Running"},
+    }
+    await kopf_.event("MODIFIED", pod, PODS)
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "chat", "namespace": "ns", "uid": "d1", "resourceVersion": "1"},
+        "spec": {"replicas": 2},
+    }
+    await kopf_.event("MODIFIED", deployment, DEPLOYMENTS)
+    assert (pods, targets) == ([("ns", "chat-1")], [("ns", "Deployment", "chat")])
 
 
 async def test_an_activator_record_that_changed_asks_for_a_turn_at_once(

@@ -660,3 +660,53 @@ def test_a_first_decision_holds_the_target_for_one_down_window(
         decision = decide_replicas(spec, counts(current), low, history, float(t))
         assert decision.desired == desired_at[t], f"{label} at t={t}"
         history = decision.history
+
+
+@settings(max_examples=400)
+@given(st.one_of(situations(), moving()), st.floats(min_value=0.5, max_value=86_400))
+def test_a_steady_decision_is_the_same_later_on_the_same_readings(
+    situation: tuple[WorkloadSizingSpec, ReplicaCounts, Signals, History], later: float
+) -> None:
+    """What lets a steady workload's turns wait (fleet.py): on the same spec, replicas and
+    readings, with the history it left, the decision is the same at any later time, and
+    steady again."""
+    spec, replica_counts, signals, history = situation
+    decision = decide_replicas(spec, replica_counts, signals, history, NOW)
+    if not decision.steady:
+        return
+    again = decide_replicas(spec, replica_counts, signals, decision.history, NOW + later)
+    assert (again.desired, again.reason, again.steady) == (decision.desired, decision.reason, True)
+    assert decision.desired == replica_counts.current
+
+
+@pytest.mark.parametrize(
+    ("spec", "replica_counts", "util", "steady"),
+    [
+        (make_spec(), counts(2), 70.0, True),
+        (make_spec(maximum=2), counts(2), 200.0, True),
+        (make_spec(minimum=2), counts(2), 10.0, True),
+        (make_spec(), counts(2), 90.0, False),
+        (make_spec(down=(300, 100, 15)), counts(2), 10.0, False),
+        (make_spec(), counts(2, starting=1), 70.0, False),
+        (make_spec(), counts(2, unobserved=1), 70.0, False),
+        (make_spec(), counts(2), None, False),
+        (make_spec(zero=True, minimum=0), counts(2), 70.0, False),
+    ],
+    ids=[
+        "where the readings put it",
+        "at its max",
+        "at its min",
+        "a scale up",
+        "held by the down window",
+        "a replica starting",
+        "a replica not seen yet",
+        "unknown metrics",
+        "an idle clock that may run",
+    ],
+)
+def test_steady_only_where_the_readings_put_the_replicas(
+    spec: WorkloadSizingSpec, replica_counts: ReplicaCounts, util: float | None, steady: bool
+) -> None:
+    signals = Signals(gpu_utilization=util, wake_demand=0.0)
+    decision = decide_replicas(spec, replica_counts, signals, History(), NOW)
+    assert decision.steady == steady, decision

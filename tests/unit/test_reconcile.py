@@ -137,6 +137,7 @@ class Turn:
     routes: FakeRoutes = field(default_factory=FakeRoutes)  # the activator's routes
     activator_ports: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
     memory: Memory = field(default_factory=Memory)  # what the process kept of earlier turns
+    unchanged_until: float | None = None  # the fleet saw nothing change till then
 
     async def run(self) -> tuple[Outcome, FakeTargets, FakeMetrics, Memory]:
         stored = {(NS, "chat"): self.target} if self.target is not None else {}
@@ -163,6 +164,7 @@ class Turn:
             services(metrics, targets, routes=self.routes, now=NOW),
             memory,
             NOW,
+            self.unchanged_until,
         )
         return outcome, targets, metrics, memory
 
@@ -972,3 +974,70 @@ async def test_a_replica_ready_since_the_last_scrape_waits_for_its_first_count()
     old = pod("chat-2", created=NOW - 400, ready_since=NOW - 300)
     outcome, _, _, _ = await Turn(history=SERVING, util=10.0, pods=[*Turn().pods, old]).run()
     assert outcome.status_patch["efficiency"]["unknown"].startswith("requests: no series")
+
+
+async def settled(turn: Turn) -> Outcome:
+    """The turn again, its status what its first wrote: what a workload's next turn finds."""
+    first, _, _, _ = await turn.run()
+    turn.status = {k: v for k, v in first.status_patch.items() if v is not None}
+    outcome, _, _, _ = await turn.run()
+    return outcome
+
+
+async def test_a_turn_with_nothing_to_do_that_time_could_change_is_quiet() -> None:
+    outcome = await settled(Turn(util=70.0, watched=True))  # two replicas, where 70 % puts them
+    assert (outcome.status_patch, outcome.events, outcome.quiet) == ({}, [], True)
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        Turn(util=95.0, watched=True),
+        Turn(util=20.0, watched=True),
+        Turn(util=70.0),
+        Turn(util=70.0, watched=True, spec=spec(rightSizing={"mode": "Recommend"})),
+        Turn(util=70.0, watched=True, spec=spec(mode="Recommend")),
+        Turn(util=70.0, watched=True, annotations=PAUSED),
+        Turn(util=70.0, watched=True, spec=spec(metrics={"queueQuery": "sum(pending)"})),
+        Turn(util=70.0, watched=True, pods=[pod("chat-0"), pod("chat-1", ready=False)]),
+        Turn(util=None, watched=True),
+    ],
+    ids=[
+        "a scale up",
+        "held up by the scale-down window",
+        "its target read from the API server",
+        "right-sizing on",
+        "recommend only",
+        "paused",
+        "its own queue query",
+        "a pod not ready",
+        "Prometheus out",
+    ],
+)
+async def test_a_turn_that_time_or_an_unwatched_input_could_change_is_not_quiet(
+    turn: Turn,
+) -> None:
+    outcome = await settled(turn)
+    assert not outcome.quiet
+
+
+async def test_a_first_turn_that_writes_its_status_is_not_quiet() -> None:
+    outcome, _, _, _ = await Turn(util=70.0, watched=True).run()
+    assert outcome.status_patch
+    assert not outcome.quiet
+
+
+@pytest.mark.parametrize(
+    ("unchanged_until", "closed_at"),
+    [(None, NOW - 30), (NOW - 2, NOW - 2), (NOW - 60, NOW - 30)],
+    ids=["its last turn", "the fleet's last read", "the later of both"],
+)
+async def test_a_running_decision_closes_when_it_was_last_seen(
+    unchanged_until: float | None, closed_at: float
+) -> None:
+    memory = Memory()
+    memory.decided[(NS, "chat")] = NOW - 30
+    status = {"recommendations": [{"time": iso(NOW - 600), "replicas": 2}]}
+    turn = Turn(status=status, memory=memory, unchanged_until=unchanged_until)
+    outcome, _, _, _ = await turn.run()
+    assert outcome.status_patch["recommendations"][:1] == [{"time": iso(closed_at), "replicas": 2}]

@@ -8,6 +8,7 @@ import weakref
 from typing import Any
 
 import kopf
+import pytest
 from gpusizer.clock import Cycle, CycleClock
 from gpusizer.cluster import ClusterView
 from gpusizer.fleet import Fleet
@@ -184,3 +185,37 @@ async def test_a_workload_found_gone_leaves_the_fleet() -> None:
     task.cancel()
     assert writer.patches == 1
     assert fleet.get(workload.key) is None and fleet._clock.listeners == 0
+
+
+def test_a_workload_names_the_target_its_spec_scales() -> None:
+    logger = kopf.LocalObjectLogger(body=kopf.Body({}), settings=kopf.OperatorSettings())
+    raw = {"spec": {"targetRef": {"kind": "StatefulSet", "name": "chat"}}}
+    assert Workload("ns", "w", raw, logger).target == ("ns", "StatefulSet", "chat")
+    assert Workload("ns", "w", {"spec": {"targetRef": {"name": "chat"}}}, logger).target is None
+
+
+async def test_what_the_fleet_saw_unchanged_reaches_its_next_turn_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    told: list[float | None] = []
+    quiet = [True, False]
+
+    async def turn(*args: Any) -> Outcome:
+        told.append(args[6])
+        if not quiet:
+            raise RuntimeError("a bug")
+        return Outcome({}, quiet=quiet.pop(0))
+
+    monkeypatch.setattr("gpusizer.workload.reconcile", turn)
+    workload = mode_off({})
+    cycle = Cycle(Snapshot(time=1.0), autoscalers={})
+    view, memory = ClusterView({}, {}), Memory()
+    ports = services(FakeMetrics(), FakeTargets())
+    workload.saw_unchanged(5.0)
+    await workload.decide(cycle, view, ports, memory)
+    assert (told, workload.quiet) == ([5.0], True)
+    await workload.decide(cycle, view, ports, memory)
+    assert (told, workload.quiet) == ([5.0, None], False)
+    workload.quiet = True
+    await workload.decide(cycle, view, ports, memory)  # a turn that failed found nothing
+    assert not workload.quiet

@@ -97,6 +97,11 @@ class ReplicaDecision:
     idle: bool = False
     history: History = field(default_factory=History)
 
+    # the same decision at any later time on the same readings, pods and replicas: they are
+    # where the readings put them, so no window, step limit, recurring hold or idle clock can
+    # move them as time passes (fleet.py: such a workload's turns may wait)
+    steady: bool = False
+
 
 _DecisionFactory = Callable[[int, Reason, str, Reason], "ReplicaDecision"]
 
@@ -238,7 +243,14 @@ def decide_replicas(
         reason = Reason.WITHIN_TOLERANCE
     if counts.arriving > 0:
         message += f"; {counts.arriving} replica(s) starting or unseen count as capacity"
-    return decision(desired, reason, f"{message} -> {desired}", limited)
+    steady = (
+        reason == Reason.WITHIN_TOLERANCE
+        and raw == counts.current
+        and counts.arriving == 0
+        and counts.unscraped == 0
+        and not zero_allowed
+    )
+    return replace(decision(desired, reason, f"{message} -> {desired}", limited), steady=steady)
 
 
 def _missing_signals(

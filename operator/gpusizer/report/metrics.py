@@ -50,6 +50,11 @@ PODS_MISSED_DELETIONS = Gauge(
     "Pods the watch's cache still holds that the API server no longer has (deleted while a "
     "watch was down; kopf keeps them), left out of every decision.",
 )
+QUIET_WORKLOADS = Gauge(
+    "gpusizer_quiet_workloads",
+    "Workloads whose last turn found nothing that time alone could change: each is decided "
+    "every four sync periods (within a minute) until something it reads changes.",
+)
 PROMETHEUS_OUTAGES = Counter(
     "gpusizer_prometheus_outages",
     "Times Prometheus stopped answering every query of a read.",

@@ -76,6 +76,8 @@ class Outcome:
     status_patch: dict[str, Any]
     events: list[EventIntent] = field(default_factory=list)
     pods: tuple[PodKey, ...] = ()  # the pods the decision read: see Cycle.moved
+    # nothing to do that time alone, on the same inputs, could change: see fleet.Member.quiet
+    quiet: bool = False
 
 
 class Report:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpusizer.signals.parse import PodKey, PodSamples, Problem
+from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
 from gpusizer.signals.queries import MOVE_FRACTION, REPLICA_SIGNALS
 
 
@@ -29,23 +29,55 @@ def moved_pods(before: Snapshot | None, after: Snapshot) -> frozenset[PodKey]:
     decisions may change. A pod that appeared in or left a signal's answer moved, and so did
     every pod of a signal that failed or was not asked for in the previous read. Memory is left
     out: it sizes slices, not replicas."""
-    moved: set[PodKey] = set()
+    found: set[PodKey] = set()
     for signal, samples in after.signals.items():
         if signal not in REPLICA_SIGNALS:
             continue
         new = samples.samples
         previous = before.signals.get(signal) if before is not None else None
         if previous is None:
-            moved.update(new)
+            found.update(new)
             continue
         old = previous.samples
-        moved.update(old.keys() - new.keys())
+        found.update(old.keys() - new.keys())
         for key, sample in new.items():
-            was = old.get(key)
-            if was is sample:  # merged into a moved read from the read before: not read again
-                continue
-            if was is None or abs(sample.value - was.value) > MOVE_FRACTION * max(
-                abs(sample.value), abs(was.value), 1.0
-            ):
-                moved.add(key)
-    return frozenset(moved)
+            if moved(old.get(key), sample):
+                found.add(key)
+    return frozenset(found)
+
+
+def moved(was: Sample | None, sample: Sample | None) -> bool:
+    """A pod's reading of one signal moved by more than MOVE_FRACTION, or came or went."""
+    if was is sample:  # merged into a moved read from the read before: not read again
+        return False
+    if was is None or sample is None:
+        return True
+    return abs(sample.value - was.value) > MOVE_FRACTION * max(
+        abs(sample.value), abs(was.value), 1.0
+    )
+
+
+Readings = dict[tuple[str, PodKey], Sample | None]
+"""A workload's pods' samples of the replica signals, by (signal, pod)."""
+
+
+def readings(snapshot: Snapshot, pods: tuple[PodKey, ...]) -> Readings:
+    """What `pods` showed of the replica signals in `snapshot`: None for a pod without one."""
+    return {
+        (signal, pod): samples.samples.get(pod)
+        for signal, samples in snapshot.signals.items()
+        if signal in REPLICA_SIGNALS
+        for pod in pods
+    }
+
+
+def drifted(kept: Readings, snapshot: Snapshot) -> bool:
+    """Whether any of `kept` moved in `snapshot`, a signal came or went for them, or one of
+    them failed: a drift too slow to move at any one read shows here, against the readings of
+    the workload's last turn."""
+    for (signal, pod), was in kept.items():
+        samples = snapshot.signals.get(signal)
+        if samples is None or moved(was, samples.samples.get(pod)):
+            return True
+    signals = {signal for signal, _ in kept}
+    return any(signal in REPLICA_SIGNALS and signal not in signals for signal in snapshot.signals)
