@@ -93,9 +93,11 @@ def test_a_quiet_workload_still_sees_its_target_changed_by_hand(
     operator: Operator, workloads: Workloads
 ) -> None:
     """A workload at its min with no load has nothing to do that time alone could change: it
-    goes quiet, and is decided every four sync periods (fleet.py). The Deployment's watch
-    still brings a change made by hand: the workload is decided on it, and back at its min
-    after the down window, it is quiet again."""
+    goes quiet on a real cluster (no event of its pods or its Deployment keeps it from it),
+    and is decided every four sync periods (fleet.py). A change made by hand is still decided
+    on: scaled back to its min (its recommendations all say 1, so no window holds the second
+    replica), then it is quiet again. That the Deployment's event, rather than the end of the
+    wait, brings the turn is tested in tests/unit/test_handlers.py and test_fleet_turns.py."""
     workloads.deployment("calm", replicas=1)
     workloads.load("calm", 0)
     assert workloads.sizing("calm", sizing_spec("calm")).returncode == 0
@@ -106,11 +108,17 @@ def test_a_quiet_workload_still_sees_its_target_changed_by_hand(
         "scale", "deployment", "calm", "-n", workloads.namespace, "--replicas=2"
     )
     wait_until(
-        lambda: workloads.status("calm").get("currentReplicas") == 2,
+        lambda: (
+            {"fromReplicas": 2, "toReplicas": 1}
+            in [
+                {k: e[k] for k in ("fromReplicas", "toReplicas")}
+                for e in workloads.status("calm").get("scaleEvents") or []
+            ]
+        ),
         60,
-        what="the workload decided on the replicas set by hand",
+        what="the replicas set by hand scaled back to the min",
     )
-    workloads.wait_replicas("calm", lambda n: n == 1, 120, "back to its min")
+    assert workloads.replicas("calm") == 1
     wait_until(lambda: operator.metric("gpusizer_quiet_workloads") >= 1, 120, what="quiet again")
 
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 import kopf
 
 from gpusizer.api.annotations import HELD_PREFIX
-from gpusizer.api.v1alpha1 import Routing
+from gpusizer.api.v1alpha1 import Routing, TargetRef
 from gpusizer.clock import Cycle
 from gpusizer.cluster import ClusterView, WorkloadObject
 from gpusizer.memory import Memory
@@ -24,6 +24,8 @@ from gpusizer.report.turn import Outcome
 from gpusizer.report.writer import StatusNotWritten, WorkloadGone
 from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.parse import PodKey
+
+DEFAULT_TARGET_KIND = TargetRef.model_fields["kind"].default  # as the CRD defaults it
 
 
 @dataclass(slots=True)
@@ -76,7 +78,7 @@ class Workload:
     @property
     def target(self) -> TargetKey | None:
         ref = self._part("spec").get("targetRef") or {}
-        kind, name = ref.get("kind"), ref.get("name")
+        kind, name = ref.get("kind", DEFAULT_TARGET_KIND), ref.get("name")
         return (
             (self.namespace, kind, name)
             if isinstance(kind, str) and isinstance(name, str)

@@ -191,7 +191,9 @@ def test_a_workload_names_the_target_its_spec_scales() -> None:
     logger = kopf.LocalObjectLogger(body=kopf.Body({}), settings=kopf.OperatorSettings())
     raw = {"spec": {"targetRef": {"kind": "StatefulSet", "name": "chat"}}}
     assert Workload("ns", "w", raw, logger).target == ("ns", "StatefulSet", "chat")
-    assert Workload("ns", "w", {"spec": {"targetRef": {"name": "chat"}}}, logger).target is None
+    defaulted = {"spec": {"targetRef": {"name": "chat"}}}
+    assert Workload("ns", "w", defaulted, logger).target == ("ns", "Deployment", "chat")
+    assert Workload("ns", "w", {"spec": {}}, logger).target is None
 
 
 async def test_what_the_fleet_saw_unchanged_reaches_its_next_turn_alone(
