@@ -534,7 +534,9 @@ def sizing_spec(name: str, **overrides: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def workloads(manifests: Cluster, request: pytest.FixtureRequest) -> Iterator[Workloads]:
-    """A namespace of the test's own, deleted afterwards so its GPUs go back to the pool."""
-    namespace = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:50]
+    """A namespace of the test's own, deleted afterwards so its GPUs go back to the pool. Its
+    name is a DNS label: one cut after a word ends in a hyphen, which the API server refuses."""
+    words = request.node.name.removeprefix("test_").replace("_", "-")
+    namespace = "e2e-" + words[:50].rstrip("-")
     yield Workloads(manifests, namespace)
     manifests.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s")

@@ -89,7 +89,7 @@ def test_scale_up_under_load_then_down_after_the_window(
     workloads.wait_replicas("chat", lambda n: n == 1, 120, "down to 1")
 
 
-def test_a_quiet_workload_still_sees_its_target_changed_by_hand(
+def test_a_quiet_workload_is_decided_on_a_scale_by_hand(
     operator: Operator, workloads: Workloads
 ) -> None:
     """A workload at its min with no load has nothing to do that time alone could change: it
