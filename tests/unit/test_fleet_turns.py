@@ -193,14 +193,13 @@ async def turns_on(
     cycles: range,
     load: Callable[[int], float] = lambda _: 50.0,
     before: Callable[[int], None] = lambda _: None,
-    **kw: Any,
 ) -> list[float]:
     """The cycles on which its turns came: `before(n)` runs just before cycle n comes."""
     turns = Turns()
     async with running(fleet, turns):
         for number in cycles:
             before(number)
-            fleet._clock.publish(replace(cycle(number, {"w-0": load(number)}), **kw))
+            fleet._clock.publish(cycle(number, {"w-0": load(number)}))
             await passes()
     return [t for _, t in turns.taken]
 
