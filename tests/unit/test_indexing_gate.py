@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from kopf._cogs.aiokits import aiotoggles
 from kopf_gate import listed  # a start as kopf's
 
+from tests.fakes import steps_taken
+
 KOPF_METHODS = ("make_toggle", "drop_toggle", "drop_toggles")
 
 
@@ -60,13 +62,22 @@ async def test_a_start_on_listed_objects_wakes_each_waiter_once() -> None:
     assert tests.count <= 6 * 300 + 3
 
 
+async def waiting_on(toggles: aiotoggles.ToggleSet, waiters: int) -> None:
+    """Returns once `waiters` tasks wait on the set's condition (a state, not a duration)."""
+
+    async def counted() -> None:
+        while len(toggles._condition._waiters or ()) < waiters:
+            await steps_taken()
+
+    await asyncio.wait_for(counted(), 10)
+
+
 @pytest.mark.usefixtures("patched")
 async def test_no_worker_passes_while_one_toggle_stays() -> None:
     indexed = aiotoggles.ToggleSet(all)
     blocker = await indexed.make_toggle(name="orchestration blocker")
     workers = await listed(indexed, 20)
-    for _ in range(10):
-        await asyncio.sleep(0)
+    await waiting_on(indexed, 20)
     assert not any(worker.done() for worker in workers)
     await indexed.drop_toggles([blocker])
     await asyncio.wait_for(asyncio.gather(*workers), 10)
@@ -76,11 +87,11 @@ async def test_no_worker_passes_while_one_toggle_stays() -> None:
 async def test_a_toggle_made_on_an_open_set_wakes_who_waits_for_it_closed() -> None:
     paused = aiotoggles.ToggleSet(any)
     waiting = asyncio.create_task(paused.wait_for(True))
-    await asyncio.sleep(0)
+    await waiting_on(paused, 1)
     conflict = await paused.make_toggle(True, name="a peer with a higher priority")
     await asyncio.wait_for(waiting, 10)
     released = asyncio.create_task(paused.wait_for(False))
-    await asyncio.sleep(0)
+    await waiting_on(paused, 1)
     assert not released.done()
     await paused.drop_toggle(conflict)
     await asyncio.wait_for(released, 10)
