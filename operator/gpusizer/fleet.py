@@ -84,6 +84,7 @@ class Member(Protocol):
 
 M = TypeVar("M", bound=Member)
 R = TypeVar("R")
+Indexed = TypeVar("Indexed")  # a pod or a target, in the fleet's indexes
 
 
 @dataclass(eq=False, slots=True)
@@ -370,27 +371,29 @@ class Fleet(Generic[M]):
             self._due.setdefault(due, {})[key] = None
 
     def _index_target(self, key: Key, seat: _Seat[M], target: TargetKey | None) -> None:
-        if target == seat.target:
-            return
-        if seat.target is not None:
-            keys = self._by_target.get(seat.target)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._by_target[seat.target]
-        seat.target = target
-        if target is not None:
-            self._by_target.setdefault(target, set()).add(key)
+        if target != seat.target:
+            _reindex(self._by_target, key, _some(seat.target), _some(target))
+            seat.target = target
 
     def _index_pods(self, key: Key, seat: _Seat[M], pods: tuple[PodKey, ...]) -> None:
-        if pods == seat.pods:
-            return
-        for pod in seat.pods:
-            keys = self._by_pod.get(pod)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._by_pod[pod]
-        seat.pods = pods
-        for pod in pods:
-            self._by_pod.setdefault(pod, set()).add(key)
+        if pods != seat.pods:
+            _reindex(self._by_pod, key, seat.pods, pods)
+            seat.pods = pods
+
+
+def _some(item: Indexed | None) -> tuple[Indexed, ...]:
+    return () if item is None else (item,)
+
+
+def _reindex(
+    index: dict[Indexed, set[Key]], key: Key, old: tuple[Indexed, ...], new: tuple[Indexed, ...]
+) -> None:
+    """`key` filed under `new` in `index` instead of under `old`."""
+    for item in old:
+        keys = index.get(item)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del index[item]
+    for item in new:
+        index.setdefault(item, set()).add(key)
