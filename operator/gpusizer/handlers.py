@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 9)
 # the kinds of the targets watched, by the resource's plural (the one kopf's events name)
 TARGET_KINDS = {"deployments": "Deployment", "statefulsets": "StatefulSet"}
+# kopf lists a kind in one response unless given a page size; page by page, the pods of one
+# page are indexed and let go of while the next is fetched (indexing_gate.py). client-go's
+# pager asks for 500.
+LIST_PAGE_SIZE = 500
 
 
 def register(settings: OperatorSettings) -> None:
@@ -45,6 +49,7 @@ def register(settings: OperatorSettings) -> None:
         config: OperatorSettings = memo.config
         settings.posting.level = logging.CRITICAL  # log lines are not Events; we post our own
         settings.networking.error_backoffs = API_RETRY_BACKOFFS
+        settings.watching.chunk_size = LIST_PAGE_SIZE
         if config.peering:
             settings.peering.name = config.peering
             settings.peering.standalone = False

@@ -9,19 +9,34 @@ decided nothing for 23 minutes (bench/README.md, "an operator restarted on 10,00
 
 A waiter is woken to test whether the set is on, and the answer changes only when a toggle
 added or dropped changes it: waking them only then changes no outcome.
+
+Every worker waits at the gate, though a kind with nothing but indexes (pods, Deployments,
+nodes) has nothing to run once it opens: each held its object's whole body until then, and a
+restart on a listed fleet held every pod and Deployment at once. Such a kind's workers now drop
+their toggle and pass.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable
+from typing import Any, cast
 
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.structs import references
+from kopf._core.intents import registries
+from kopf._core.reactor import processing
 
 log = logging.getLogger(__name__)
 
 # What the replacements read and write of kopf's ToggleSet; checked before it is patched.
 _TOGGLE_SET_PARTS = ("_condition", "_toggles", "_fn", "is_on")
+# What the wrapper of kopf's processor reads: its arguments, and the registries of the handlers
+# that run after the gate (on.event, daemons and timers, on.create/update/delete/resume/field).
+_PROCESSOR_ARGUMENTS = ("registry", "resource", "operator_indexed")
+_REGISTRY_PARTS = ("_watching", "_spawning", "_changing")
+_kopf_process_resource_event = processing.process_resource_event
 
 
 async def _make_toggle(
@@ -69,4 +84,60 @@ def wake_only_on_change() -> bool:
     toggle_set.make_toggle = _make_toggle  # type: ignore[method-assign]
     toggle_set.drop_toggle = _drop_toggle  # type: ignore[method-assign]
     toggle_set.drop_toggles = _drop_toggles  # type: ignore[method-assign]
+    return True
+
+
+class _PassingGate:
+    """The gate as a worker of a kind with nothing but indexes sees it: its toggle drops as
+    kopf drops it, and it does not wait, for nothing of its kind runs after the gate."""
+
+    def __init__(self, gate: aiotoggles.ToggleSet) -> None:
+        self._gate = gate
+
+    async def drop_toggle(self, toggle: aiotoggles.Toggle) -> None:
+        await self._gate.drop_toggle(toggle)
+
+    async def wait_for(self, state: bool) -> None:
+        return None
+
+
+def runs_after_the_gate(
+    registry: registries.OperatorRegistry, resource: references.Resource
+) -> bool:
+    return any(getattr(registry, part).has_handlers(resource=resource) for part in _REGISTRY_PARTS)
+
+
+async def _process_resource_event(
+    *,
+    registry: registries.OperatorRegistry,
+    resource: references.Resource,
+    operator_indexed: aiotoggles.ToggleSet | None = None,
+    **kwargs: Any,
+) -> str | None:
+    if operator_indexed is not None and not runs_after_the_gate(registry, resource):
+        operator_indexed = cast(aiotoggles.ToggleSet, _PassingGate(operator_indexed))
+    return await _kopf_process_resource_event(
+        registry=registry, resource=resource, operator_indexed=operator_indexed, **kwargs
+    )
+
+
+def index_only_kinds_pass() -> bool:
+    """Wraps kopf's event processor, once, before the operator starts (kopf binds it when its
+    tasks spawn); False (logged) when this kopf's processor or registry is not the one the
+    wrapper was written for, and it is left as it is."""
+    if processing.process_resource_event is _process_resource_event:
+        return True
+    parameters = inspect.signature(_kopf_process_resource_event).parameters
+    missing = [name for name in _PROCESSOR_ARGUMENTS if name not in parameters]
+    registry = registries.OperatorRegistry()
+    missing += [part for part in _REGISTRY_PARTS if not hasattr(registry, part)]
+    if missing:
+        log.warning(
+            "kopf's event processor or registry has no %s: every kind waits at its indexing "
+            "gate, and a restart on thousands of listed pods holds them all in memory",
+            ", ".join(missing),
+        )
+        return False
+    # kopf passes every argument by its name (running.py, queueing.py)
+    processing.process_resource_event = _process_resource_event  # type: ignore[assignment]
     return True

@@ -16,6 +16,7 @@ def run_operator(
 ) -> None:
     """Watches `namespaces`, or the whole cluster when there are none."""
     indexing_gate.wake_only_on_change()
+    indexing_gate.index_only_kinds_pass()
     handlers.register(settings)
     asyncio.run(
         kopf.operator(

@@ -1,5 +1,5 @@
 """kopf's indexing gate, patched (gpusizer.indexing_gate): it wakes its waiters when it opens
-or closes, and only then."""
+or closes, and only then; a kind with nothing but indexes does not wait at it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import kopf
 import pytest
@@ -17,6 +18,10 @@ from gpusizer.settings import OperatorSettings, PrometheusSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.structs import ephemera, references
+from kopf._core.engines import indexing
+from kopf._core.intents import registries
+from kopf._core.reactor import inventory, processing
 from kopf_gate import listed  # a start as kopf's
 
 from tests.fakes import steps_taken
@@ -129,6 +134,117 @@ def test_the_operator_patches_the_gate_before_kopf_runs(
 
     monkeypatch.setattr(kopf, "operator", operator)
     monkeypatch.setattr(main.handlers, "register", lambda _: None)
+    monkeypatch.setattr(processing, "process_resource_event", processing.process_resource_event)
     settings = OperatorSettings(prometheus=PrometheusSettings(url="http://prometheus:9090"))
     main.run_operator(settings, [], "127.0.0.1:0")
     assert seen == [indexing_gate._make_toggle]
+    assert processing.process_resource_event is indexing_gate._process_resource_event
+
+
+PODS = references.Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+SIZINGS = references.Resource(
+    group="gpusizer.io",
+    version="v1alpha1",
+    plural="workloadsizings",
+    kind="WorkloadSizing",
+    namespaced=True,
+)
+
+
+class Kopf:
+    """kopf's own event processor and registry, as kopf's running.py binds them, with one index
+    on pods and an event handler on WorkloadSizings."""
+
+    def __init__(self) -> None:
+        self.registry = registries.OperatorRegistry()
+        self.handled: list[str] = []
+
+        @kopf.index("", "v1", "pods", id="pod_names", registry=self.registry)
+        async def pod_names(name: str, **_: Any) -> dict[str, str]:
+            return {name: name}
+
+        @kopf.on.event("gpusizer.io", "v1alpha1", "workloadsizings", registry=self.registry)
+        async def sizing_event(name: str, **_: Any) -> None:
+            self.handled.append(name)
+
+        self.indexers = indexing.OperatorIndexers()
+        self.indexers.ensure(self.registry._indexing.get_all_handlers())
+        self.memories = inventory.ResourceMemories()
+
+    async def process(
+        self, resource: references.Resource, name: str, gate: aiotoggles.ToggleSet
+    ) -> None:
+        toggle = await gate.make_toggle(name=name)
+        body = {"metadata": {"name": name, "namespace": "team", "uid": name}}
+        await processing.process_resource_event(
+            lifecycle=kopf.lifecycles.all_at_once,
+            indexers=self.indexers,
+            registry=self.registry,
+            settings=kopf.OperatorSettings(),
+            memories=self.memories,
+            memobase=ephemera.AnyMemo(kopf.Memo()),
+            resource=resource,
+            raw_event={"type": None, "object": body},
+            event_queue=asyncio.Queue(),
+            resource_indexed=toggle,
+            operator_indexed=gate,
+            no_throttling=True,
+        )
+
+
+@pytest.fixture
+def passing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processing, "process_resource_event", processing.process_resource_event)
+    assert indexing_gate.index_only_kinds_pass()
+
+
+@pytest.mark.usefixtures("patched", "passing")
+async def test_a_pod_passes_a_closed_gate_once_indexed_and_drops_its_toggle() -> None:
+    kopf_ = Kopf()
+    gate = aiotoggles.ToggleSet(all)
+    blocker = await gate.make_toggle(name="another kind's listing")
+    await asyncio.wait_for(kopf_.process(PODS, "pod-a", gate), 10)
+    assert {name: list(store) for name, store in kopf_.indexers.indices["pod_names"].items()} == {
+        "pod-a": ["pod-a"]
+    }
+    assert list(gate._toggles) == [blocker]
+
+
+@pytest.mark.usefixtures("patched", "passing")
+async def test_a_kind_with_a_handler_still_waits_until_every_index_is_filled() -> None:
+    kopf_ = Kopf()
+    gate = aiotoggles.ToggleSet(all)
+    blocker = await gate.make_toggle(name="the pods' listing")
+    processed = asyncio.create_task(kopf_.process(SIZINGS, "sizing-a", gate))
+    await waiting_on(gate, 1)
+    assert not processed.done()
+    assert kopf_.handled == []
+    await gate.drop_toggle(blocker)
+    await asyncio.wait_for(processed, 10)
+    assert kopf_.handled == ["sizing-a"]
+
+
+@pytest.mark.usefixtures("patched")
+async def test_without_the_wrapper_a_pod_waits_at_the_gate() -> None:
+    """The test above can fail: kopf's own processor holds a pod until the gate opens."""
+    kopf_ = Kopf()
+    gate = aiotoggles.ToggleSet(all)
+    blocker = await gate.make_toggle(name="another kind's listing")
+    processed = asyncio.create_task(kopf_.process(PODS, "pod-a", gate))
+    await waiting_on(gate, 1)
+    assert not processed.done()
+    await gate.drop_toggle(blocker)
+    await asyncio.wait_for(processed, 10)
+
+
+def test_a_kopf_whose_processor_differs_is_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def other_processor(*, raw_event: object, **_: object) -> None: ...
+
+    monkeypatch.setattr(indexing_gate, "_kopf_process_resource_event", other_processor)
+    monkeypatch.setattr(processing, "process_resource_event", other_processor)
+    with caplog.at_level(logging.WARNING, logger="gpusizer.indexing_gate"):
+        assert not indexing_gate.index_only_kinds_pass()
+    assert "has no registry, resource, operator_indexed" in caplog.text
+    assert processing.process_resource_event is other_processor
