@@ -13,7 +13,8 @@ added or dropped changes it: waking them only then changes no outcome.
 Every worker waits at the gate, though a kind with nothing but indexes (pods, Deployments,
 nodes) has nothing to run once it opens: each held its object's whole body until then, and a
 restart on a listed fleet held every pod and Deployment at once. Such a kind's workers now drop
-their toggle and pass.
+their toggle and pass; and every object loses its managedFields (about 40 % of a body here)
+before it is indexed, so what waits is the smaller.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from kopf._cogs.aiokits import aiotoggles
-from kopf._cogs.structs import references
+from kopf._cogs.structs import bodies, references
 from kopf._core.intents import registries
 from kopf._core.reactor import processing
+
+from gpusizer.kube import drop_managed_fields
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ log = logging.getLogger(__name__)
 _TOGGLE_SET_PARTS = ("_condition", "_toggles", "_fn", "is_on")
 # What the wrapper of kopf's processor reads: its arguments, and the registries of the handlers
 # that run after the gate (on.event, daemons and timers, on.create/update/delete/resume/field).
-_PROCESSOR_ARGUMENTS = ("registry", "resource", "operator_indexed")
+_PROCESSOR_ARGUMENTS = ("registry", "resource", "raw_event", "operator_indexed")
 _REGISTRY_PARTS = ("_watching", "_spawning", "_changing")
 _kopf_process_resource_event = processing.process_resource_event
 
@@ -111,13 +114,19 @@ async def _process_resource_event(
     *,
     registry: registries.OperatorRegistry,
     resource: references.Resource,
+    raw_event: bodies.RawEvent,
     operator_indexed: aiotoggles.ToggleSet | None = None,
     **kwargs: Any,
 ) -> str | None:
+    drop_managed_fields(raw_event)
     if operator_indexed is not None and not runs_after_the_gate(registry, resource):
         operator_indexed = cast(aiotoggles.ToggleSet, _PassingGate(operator_indexed))
     return await _kopf_process_resource_event(
-        registry=registry, resource=resource, operator_indexed=operator_indexed, **kwargs
+        registry=registry,
+        resource=resource,
+        raw_event=raw_event,
+        operator_indexed=operator_indexed,
+        **kwargs,
     )
 
 

@@ -158,9 +158,11 @@ class Kopf:
     def __init__(self) -> None:
         self.registry = registries.OperatorRegistry()
         self.handled: list[str] = []
+        self.indexed_metadata: list[dict[str, Any]] = []
 
         @kopf.index("", "v1", "pods", id="pod_names", registry=self.registry)
-        async def pod_names(name: str, **_: Any) -> dict[str, str]:
+        async def pod_names(name: str, meta: kopf.Meta, **_: Any) -> dict[str, str]:
+            self.indexed_metadata.append(dict(meta))
             return {name: name}
 
         @kopf.on.event("gpusizer.io", "v1alpha1", "workloadsizings", registry=self.registry)
@@ -175,7 +177,10 @@ class Kopf:
         self, resource: references.Resource, name: str, gate: aiotoggles.ToggleSet
     ) -> None:
         toggle = await gate.make_toggle(name=name)
-        body = {"metadata": {"name": name, "namespace": "team", "uid": name}}
+        managed = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+        body = {
+            "metadata": {"name": name, "namespace": "team", "uid": name, "managedFields": managed}
+        }
         await processing.process_resource_event(
             lifecycle=kopf.lifecycles.all_at_once,
             indexers=self.indexers,
@@ -208,6 +213,13 @@ async def test_a_pod_passes_a_closed_gate_once_indexed_and_drops_its_toggle() ->
         "pod-a": ["pod-a"]
     }
     assert list(gate._toggles) == [blocker]
+
+
+@pytest.mark.usefixtures("patched", "passing")
+async def test_an_object_is_indexed_without_its_managed_fields() -> None:
+    kopf_ = Kopf()
+    await asyncio.wait_for(kopf_.process(PODS, "pod-a", aiotoggles.ToggleSet(all)), 10)
+    assert kopf_.indexed_metadata == [{"name": "pod-a", "namespace": "team", "uid": "pod-a"}]
 
 
 @pytest.mark.usefixtures("patched", "passing")
