@@ -42,6 +42,8 @@ LIST_PAGE_SIZE = 500
 
 
 def register(settings: OperatorSettings) -> None:
+    """The handlers below keep copies of what they read, never kopf's body or its views: the
+    body of an event is emptied once its handlers return (indexing_gate.py)."""
     indexed_pod = IndexedPods()  # every pod index's, the partitioner's too
 
     @kopf.on.startup()

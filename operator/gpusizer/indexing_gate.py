@@ -15,6 +15,14 @@ nodes) has nothing to run once it opens: each held its object's whole body until
 restart on a listed fleet held every pod and Deployment at once. Such a kind's workers now drop
 their toggle and pass; and every object loses its managedFields (about 40 % of a body here)
 before it is indexed, so what waits is the smaller.
+
+kopf wraps each event's body in a `Body` and a `Patch` whose views point back at them: cycles,
+which only a full collection frees, and they hold the whole body. A restart on a listed fleet
+left every listed body to them, and the long-lived objects made meanwhile kept the memory they
+had held (bench/README.md, "the bodies kopf's cycles hold"). So once kopf has processed an event
+of a kind with no daemon, timer or change handler (nothing of kopf's reads that body later), its
+body is emptied: a handler that keeps part of a body past its return keeps a copy or a raw
+sub-dict (as every handler here does), not kopf's views of it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ _TOGGLE_SET_PARTS = ("_condition", "_toggles", "_fn", "is_on")
 # that run after the gate (on.event, daemons and timers, on.create/update/delete/resume/field).
 _PROCESSOR_ARGUMENTS = ("registry", "resource", "raw_event", "operator_indexed")
 _REGISTRY_PARTS = ("_watching", "_spawning", "_changing")
+# The registries of the handlers kopf gives an earlier event's body: daemons and timers (the
+# latest body it keeps for them), and change handlers (retried with the patch left over).
+_READ_THE_BODY_LATER = ("_spawning", "_changing")
 _kopf_process_resource_event = processing.process_resource_event
 
 
@@ -104,10 +115,22 @@ class _PassingGate:
         return None
 
 
+def _has_handlers(
+    registry: registries.OperatorRegistry, resource: references.Resource, parts: Iterable[str]
+) -> bool:
+    return any(getattr(registry, part).has_handlers(resource=resource) for part in parts)
+
+
 def runs_after_the_gate(
     registry: registries.OperatorRegistry, resource: references.Resource
 ) -> bool:
-    return any(getattr(registry, part).has_handlers(resource=resource) for part in _REGISTRY_PARTS)
+    return _has_handlers(registry, resource, _REGISTRY_PARTS)
+
+
+def reads_the_body_later(
+    registry: registries.OperatorRegistry, resource: references.Resource
+) -> bool:
+    return _has_handlers(registry, resource, _READ_THE_BODY_LATER)
 
 
 async def _process_resource_event(
@@ -121,13 +144,16 @@ async def _process_resource_event(
     drop_managed_fields(raw_event)
     if operator_indexed is not None and not runs_after_the_gate(registry, resource):
         operator_indexed = cast(aiotoggles.ToggleSet, _PassingGate(operator_indexed))
-    return await _kopf_process_resource_event(
+    version = await _kopf_process_resource_event(
         registry=registry,
         resource=resource,
         raw_event=raw_event,
         operator_indexed=operator_indexed,
         **kwargs,
     )
+    if not reads_the_body_later(registry, resource):
+        cast(dict[str, Any], raw_event["object"]).clear()  # freed now, not at a full collection
+    return version
 
 
 def index_only_kinds_pass() -> bool:

@@ -4,8 +4,10 @@ or closes, and only then; a kind with nothing but indexes does not wait at it.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.structs import ephemera, references
+from kopf._core.actions import application
 from kopf._core.engines import indexing
 from kopf._core.intents import registries
 from kopf._core.reactor import inventory, processing
@@ -174,12 +177,18 @@ class Kopf:
         self.memories = inventory.ResourceMemories()
 
     async def process(
-        self, resource: references.Resource, name: str, gate: aiotoggles.ToggleSet
-    ) -> None:
+        self,
+        resource: references.Resource,
+        name: str,
+        gate: aiotoggles.ToggleSet,
+        spec: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The object's body, as kopf left it."""
         toggle = await gate.make_toggle(name=name)
         managed = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
-        body = {
-            "metadata": {"name": name, "namespace": "team", "uid": name, "managedFields": managed}
+        body: dict[str, Any] = {
+            "metadata": {"name": name, "namespace": "team", "uid": name, "managedFields": managed},
+            "spec": spec or {},
         }
         await processing.process_resource_event(
             lifecycle=kopf.lifecycles.all_at_once,
@@ -195,6 +204,7 @@ class Kopf:
             operator_indexed=gate,
             no_throttling=True,
         )
+        return body
 
     async def held_at_the_gate(self, resource: references.Resource, name: str) -> list[str]:
         """Processes one object while another holds the gate closed, and asserts it waits there
@@ -240,6 +250,57 @@ async def test_a_kind_with_a_handler_still_waits_until_every_index_is_filled() -
     kopf_ = Kopf()
     assert await kopf_.held_at_the_gate(SIZINGS, "sizing-a") == []
     assert kopf_.handled == ["sizing-a"]
+
+
+class Marker:
+    """Something a body holds whose freeing a test can see."""
+
+
+@pytest.mark.usefixtures("patched", "passing")
+@pytest.mark.parametrize("resource", [PODS, SIZINGS], ids=["index only", "event handler"])
+async def test_a_processed_body_is_freed_without_a_collection(
+    resource: references.Resource,
+) -> None:
+    kopf_ = Kopf()
+    marker = Marker()
+    held = weakref.ref(marker)
+    gc.disable()  # kopf's Body and Patch of the event are cycles that hold the body
+    try:
+        gate = aiotoggles.ToggleSet(all)
+        await asyncio.wait_for(kopf_.process(resource, "obj-a", gate, {"marker": marker}), 10)
+        del marker
+        assert held() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("patched", "passing")
+async def test_a_kind_with_a_timer_keeps_its_body_for_the_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def nothing_patched(**_: Any) -> tuple[bool, None, None]:
+        return True, None, None
+
+    monkeypatch.setattr(application, "apply", nothing_patched)  # no API server here
+    kopf_ = Kopf()
+
+    @kopf.timer(
+        "gpusizer.io", "v1alpha1", "workloadsizings", interval=3600, registry=kopf_.registry
+    )
+    async def hourly(**_: Any) -> None: ...
+
+    before = asyncio.all_tasks()
+    try:
+        gate = aiotoggles.ToggleSet(all)
+        body = await asyncio.wait_for(kopf_.process(SIZINGS, "obj-a", gate, {"size": 1}), 10)
+        assert body["spec"] == {"size": 1}
+        fresh = kopf_.memories._items["obj-a"].daemons_memory.live_fresh_body
+        assert fresh is not None and fresh.spec == {"size": 1}
+    finally:
+        spawned = asyncio.all_tasks() - before
+        for task in spawned:
+            task.cancel()
+        await asyncio.gather(*spawned, return_exceptions=True)
 
 
 @pytest.mark.usefixtures("patched")
