@@ -13,7 +13,7 @@ from urllib.parse import unquote_plus
 import pytest
 from gpusizer.api.v1alpha1 import Server, WorkloadSizingSpec
 from gpusizer.settings import PrometheusSettings
-from gpusizer.signals import prometheus
+from gpusizer.signals import prometheus, reader
 from gpusizer.signals.join import workload_signals
 from gpusizer.signals.parse import Problem
 from gpusizer.signals.pods import PodInfo
@@ -23,7 +23,9 @@ from gpusizer.signals.queries import (
     KV_CACHE,
     MEMORY,
     MIG_UTIL,
+    PodQuery,
     full_read_queries,
+    moved_values_query,
     queue_signal,
     request_rate_signal,
 )
@@ -408,7 +410,7 @@ def mig(pod: str, busy: str) -> str:
 
 
 async def test_a_moved_read_brings_only_the_pods_that_moved(
-    prometheus: str, exporter: Exporter
+    prometheus: str, exporter: Exporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before, after = time.time() - 4, time.time() - 2
     lines = {
@@ -425,6 +427,11 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
         "idle": (queue("idle", "0"), queue("idle", "0")),
         "kv-up": (kv_cache("kv-up", "0.30"), kv_cache("kv-up", "0.60")),
         "kv-flat": (kv_cache("kv-flat", "0.300"), kv_cache("kv-flat", "0.305")),  # 1.7 %
+        # named as a pattern, web.0 would name webx0 too
+        "web.0": (whole("web.0", "20"), whole("web.0", "60")),
+        "webx0": (whole("webx0", "20"), whole("webx0", "20")),
+        # behind a ServiceMonitor without honorLabels: `pod` is the exporter's
+        "behind": (exported("behind", "10"), exported("behind", "80")),
     }
 
     def body(which: int, at: float) -> str:
@@ -454,12 +461,33 @@ async def test_a_moved_read_brings_only_the_pods_that_moved(
     kv = moved.signals[KV_CACHE].samples
     assert kv[("llm", "kv-up")].value == 0.6, "a share of the KV cache moves too"
     assert kv[("llm", "kv-flat")].value == 0.3
+    assert util[("llm", "web.0")].value == 60 and util[("llm", "webx0")].value == 20
+    named = PodQuery(
+        moved_values_query('DCGM_FI_DEV_GPU_UTIL{pod!=""}', "mean", {"web.0"}), 1, "mean"
+    )
+    found, _ = await source.per_pod_batch({GPU_UTIL: named})
+    assert set(found[GPU_UTIL].samples) == {("llm", "web.0")}, "a name, not a pattern"
+    assert util[("llm", "behind")].value == 80
     assert util[("llm", "up")].age == since, "at most since the previous read"
     assert util[("llm", "flat")].age == base.signals[GPU_UTIL].samples[("llm", "flat")].age
     assert MEMORY not in moved.signals or moved.signals[MEMORY] is base.signals[MEMORY]
     # a read after the previous one that saw the move reports it no more
     again = await read_moved(source, base, time.time() - after - 0.5)
     assert again.signals[GPU_UTIL].samples[("llm", "up")].value == 50
+    # more moves than a query names: every pod's value is read, and only the moves kept
+    monkeypatch.setattr(reader, "MAX_NAMED_PODS", 1)
+    every = await read_moved(source, base, since)
+    assert every.signals[GPU_UTIL].samples == util
+    assert every.signals[KV_CACHE].samples == kv
+
+
+def exported(pod: str, util: str) -> str:
+    """A GPU as dcgm-exporter's own Service shows it: its `pod` label names the exporter."""
+    labels = BASE.format(gpu=0, pod=pod)
+    return (
+        f'DCGM_FI_DEV_GPU_UTIL{{{labels},Hostname="gpu-a",namespace="gpu-operator",'
+        f'pod="dcgm-exporter-1",exported_namespace="llm",exported_pod="{pod}"}} {util}\n'
+    )
 
 
 async def test_kv_cache_and_served_request_rate_from_vllm_series(

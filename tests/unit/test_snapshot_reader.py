@@ -9,7 +9,14 @@ import pytest
 from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
 from gpusizer.signals.health import failed_whole
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
-from gpusizer.signals.queries import GPU_UTIL, MEMORY, MIG_UTIL, MOVE_MARGIN_SECONDS, queue_signal
+from gpusizer.signals.queries import (
+    GPU_UTIL,
+    MAX_NAMED_PODS,
+    MEMORY,
+    MIG_UTIL,
+    MOVE_MARGIN_SECONDS,
+    queue_signal,
+)
 from gpusizer.signals.reader import SnapshotReader, read_full, read_moved
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
@@ -40,12 +47,13 @@ def test_merged_replaces_only_the_pods_it_read() -> None:
 
 def kinds(metrics: FakeMetrics) -> list[str]:
     """Each read's kind, from the signals it asked for: a full read asks for every signal,
-    a moved read only for moves."""
+    a moved read first for which pods moved."""
     reads: list[str] = []
     for signal, _ in metrics.asked:
-        kind = "moved" if signal.startswith("moved:") else "full"
-        if signal == GPU_UTIL or (kind == "moved" and signal == f"moved:{GPU_UTIL}"):
-            reads.append(kind)
+        if signal == GPU_UTIL:
+            reads.append("full")
+        elif signal == f"moved:{GPU_UTIL}":
+            reads.append("moved")
     return reads
 
 
@@ -87,7 +95,8 @@ async def test_each_move_is_merged_into_the_latest_read_not_the_full_one() -> No
     metrics = with_a_pod()
     reader = SnapshotReader(metrics, Server, 60, monotonic=lambda: 0.0)
     first = await reader.read()
-    metrics.answers[f"moved:{GPU_UTIL}"] = PodSamples(samples={("ns", "a"): Sample(90, 0)})
+    metrics.answers[f"moved:{GPU_UTIL}"] = PodSamples(samples={("ns", "a"): Sample(0.8, 0)})
+    metrics.answers[f"moved-values:{GPU_UTIL}"] = PodSamples(samples={("ns", "a"): Sample(90, 0)})
     second = await reader.read()
     metrics.answers[f"moved:{GPU_UTIL}"] = PodSamples()
     third = await reader.read()
@@ -110,6 +119,65 @@ async def test_a_moved_read_asks_only_for_signals_the_full_read_has_samples_of()
     moved = await read_moved(metrics, base, 3.0)
     assert [signal for signal, _ in metrics.asked] == [f"moved:{GPU_UTIL}"]
     assert moved.signals == base.signals and moved.errors == base.errors and not moved.full
+
+
+async def test_a_moved_read_fetches_the_values_of_the_pods_that_moved_and_no_others() -> None:
+    util = PodSamples(
+        samples={("ns", "a"): Sample(50, 1), ("ns", "b"): Sample(20, 1), ("ns", "c"): Sample(5, 1)}
+    )
+    base = Snapshot(time=1.0, signals={GPU_UTIL: util})
+    metrics = FakeMetrics(
+        answers={
+            f"moved:{GPU_UTIL}": PodSamples(
+                samples={("ns", "a"): Sample(0.8, 0)}, problems={("ns", "c"): NAN}
+            ),
+            f"moved-values:{GPU_UTIL}": PodSamples(
+                samples={
+                    ("ns", "a"): Sample(90, 0),
+                    ("ns", "b"): Sample(21, 0),  # under 5 %: not among the moves
+                    ("other", "a"): Sample(70, 0),  # the same name in another namespace
+                },
+                problems={("ns", "c"): NAN},
+            ),
+        }
+    )
+    moved = await read_moved(metrics, base, 3.0)
+    asked = dict(metrics.asked)
+    assert list(asked) == [f"moved:{GPU_UTIL}", f"moved-values:{GPU_UTIL}"]
+    assert 'pod=~"a|c"' in asked[f"moved-values:{GPU_UTIL}"], "only the pods that moved are named"
+    assert moved.signals[GPU_UTIL].samples == {
+        ("ns", "a"): Sample(90, 3.0),
+        ("ns", "b"): Sample(20, 1),
+    }
+    assert moved.signals[GPU_UTIL].problems == {("ns", "c"): NAN}
+    assert util.samples[("ns", "a")].value == 50, "the full read is not changed"
+
+
+async def test_past_the_names_a_query_can_carry_a_moved_read_reads_every_pods_value() -> None:
+    pods = [("ns", f"p{i}") for i in range(MAX_NAMED_PODS + 1)]
+    base = Snapshot(time=1.0, signals={GPU_UTIL: PodSamples({k: Sample(10, 1) for k in pods})})
+    metrics = FakeMetrics(
+        answers={
+            f"moved:{GPU_UTIL}": PodSamples({k: Sample(1.0, 0) for k in pods}),
+            f"moved-values:{GPU_UTIL}": PodSamples({k: Sample(20, 0) for k in pods}),
+        }
+    )
+    moved = await read_moved(metrics, base, 3.0)
+    promql = dict(metrics.asked)[f"moved-values:{GPU_UTIL}"]
+    assert "=~" not in promql and "DCGM_FI_DEV_GPU_UTIL" in promql
+    assert all(sample.value == 20 for sample in moved.signals[GPU_UTIL].samples.values())
+
+
+async def test_a_moved_read_whose_values_went_unanswered_keeps_the_full_read() -> None:
+    util = PodSamples(samples={("ns", "a"): Sample(50, 1)})
+    metrics = FakeMetrics(
+        answers={
+            f"moved:{GPU_UTIL}": PodSamples(samples={("ns", "a"): Sample(0.8, 0)}),
+            f"moved-values:{GPU_UTIL}": Problem(Reason.PROMETHEUS_UNREACHABLE, "timed out"),
+        }
+    )
+    moved = await read_moved(metrics, Snapshot(time=1.0, signals={GPU_UTIL: util}), 3.0)
+    assert moved.signals == {GPU_UTIL: util} and moved.errors == {}
 
 
 async def test_a_failed_moved_read_keeps_the_full_read_and_reports_nothing_new() -> None:

@@ -5,7 +5,9 @@ Pure: these build query text and name the signals; nothing here talks to Prometh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 from gpusizer.api.v1alpha1 import Server
@@ -181,21 +183,63 @@ def full_read_queries(servers: Iterable[Server]) -> dict[str, PodQuery]:
     }
 
 
-def moved_pod_query(selector: str, combine: str, floor: float, since_seconds: float) -> str:
-    """Each pod's value (its series combined), for only the pods whose value moved by more than
-    MOVE_FRACTION since `since_seconds` ago; values under `floor` (`move_floor`) count as
-    `floor`, so a pod idling between 0 and 1 % does not move.
+def moves_query(selector: str, combine: str, floor: float, since_seconds: float) -> str:
+    """Which pods' values (their series combined) moved by more than MOVE_FRACTION since
+    `since_seconds` ago: |1 - now / then| of each such pod, not its value (`moved_values_query`
+    reads that). Values under `floor` (`move_floor`) count as `floor`, so a pod idling between
+    0 and 1 % does not move.
 
     Prometheus does the filtering, so a read between two full snapshots costs the operator the
-    pods that moved, not every pod, and costs Prometheus about as much as one query of a full
-    snapshot (bench/README.md). No timestamp twin: a pod whose value changed has a sample from
-    the last `since_seconds`, which bounds its age."""
+    pods that moved, not every pod. It selects every pod's series twice for it, now and then;
+    returning the values as well (`now and on (...) (moved)`) selected them a third time, and
+    that was a third of a moved read's work for Prometheus (bench/README.md)."""
     by = f"by ({POD_LABELS})"
     aggregate = _AGGREGATIONS[combine]
     now = f"{aggregate} {by} ({selector})"
     then = f"{aggregate} {by} ({selector} offset {round(since_seconds * 1000)}ms)"
     ratio = f"clamp_min({now}, {floor:g}) / clamp_min({then}, {floor:g})"
-    return f"({now}) and on ({POD_LABELS}) (abs(1 - {ratio}) > {MOVE_FRACTION})"
+    return f"abs(1 - {ratio}) > {MOVE_FRACTION}"
+
+
+MAX_NAMED_PODS = 100
+"""A moved read names the pods whose values it fetches when this many moved or fewer: more
+(a fleet-wide shift) and it reads every pod's value, as a full read's query does, since a
+regular expression of thousands of names makes a URL that proxies in front of Prometheus
+refuse."""
+
+
+# what RE2 reads as other than itself outside a character class
+_REGEX_SPECIAL = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+
+def moved_values_query(selector: str, combine: str, pods: Collection[str] | None) -> str:
+    """The value of each pod named in `pods` (None: of every pod), its series combined. A pod
+    is named by its `pod` label or, behind a ServiceMonitor without honorLabels, by its
+    `exported_pod` (`parse.pod_key`), so the names are matched on either. No timestamp twin: a
+    pod whose value moved has a sample from the last `since_seconds` (`moves_query`), which
+    bounds its age."""
+    if pods is None:
+        return pod_query(selector, combine, dated=False)
+    alternatives = "|".join(_REGEX_SPECIAL.sub(r"\\\g<0>", pod) for pod in sorted(pods))
+    names = promql_string(alternatives)
+    either = " or ".join(
+        _with_matcher(selector, f"{label}=~{names}") for label in ("pod", "exported_pod")
+    )
+    return pod_query(either, combine, dated=False)
+
+
+def _with_matcher(selector: str, matcher: str) -> str:
+    """A plain selector (`name` or `name{...}`, as every batched signal's) with `matcher`
+    added."""
+    if selector.endswith("}"):
+        return f"{selector[:-1]}, {matcher}}}"
+    return f"{selector}{{{matcher}}}"
+
+
+def promql_string(value: str) -> str:
+    """`value` as a PromQL string literal: JSON's string escapes are a subset of PromQL's
+    (Go's) double-quoted ones."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def custom_queue_query(promql: str) -> PodQuery:

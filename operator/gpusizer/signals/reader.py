@@ -12,6 +12,7 @@ from gpusizer.ports import MetricsSource
 from gpusizer.signals.cache import PeriodicCache
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import (
+    MAX_NAMED_PODS,
     MOVE_MARGIN_SECONDS,
     REPLICA_SIGNALS,
     SLOW_SIGNALS,
@@ -23,7 +24,8 @@ from gpusizer.signals.queries import (
     instance_queries,
     ledger_queries,
     move_floor,
-    moved_pod_query,
+    moved_values_query,
+    moves_query,
 )
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.signals.usage import UsageHistory
@@ -120,28 +122,51 @@ def _carried(snap: Snapshot, last: Snapshot) -> None:
 
 async def read_moved(source: MetricsSource, base: Snapshot, since_seconds: float) -> Snapshot:
     """`base` with the replica signals' pods whose value moved in the last `since_seconds`
-    merged in: one query per signal that `base` has samples of, whatever the workload count
-    (a signal it failed to read, or that no pod has, waits for the next full read). A signal
-    whose query fails keeps `base`'s samples: the next full read says whether Prometheus is
-    failing. A moved pod's age is taken as `since_seconds`, the most it can be."""
+    merged in, for a constant number of queries whatever the workload count: one per signal
+    that `base` has samples of, saying which pods moved (a signal it failed to read, or that no
+    pod has, waits for the next full read), then one per signal with moves, for those pods'
+    values. A signal whose queries fail keeps `base`'s samples: the next full read says whether
+    Prometheus is failing. A moved pod's age is taken as `since_seconds`, the most it can be."""
     wanted = {
-        name: PodQuery(
-            moved_pod_query(selector, combine, move_floor(name, scale), since_seconds),
-            scale,
-            combine,
-        )
+        name: (selector, scale, combine)
         for name, (selector, scale, combine) in batched_signals(Server).items()
         if name in REPLICA_SIGNALS and name in base.signals and base.signals[name].samples
     }
     snap = Snapshot(time.time(), dict(base.signals), base.errors, full=False)
-    read, _ = await source.per_pod_batch({f"moved:{n}": q for n, q in wanted.items()})
-    for name in wanted:
-        update = read.get(f"moved:{name}")
-        if update is not None and (update.samples or update.problems):
-            update.samples = {
-                key: Sample(sample.value, since_seconds) for key, sample in update.samples.items()
-            }
-            snap.signals[name] = merged(snap.signals[name], update)
+    moves, _ = await source.per_pod_batch(
+        {
+            f"moved:{name}": PodQuery(
+                moves_query(selector, combine, move_floor(name, scale), since_seconds), 1.0, "max"
+            )
+            for name, (selector, scale, combine) in wanted.items()
+        }
+    )
+    moved = {
+        name: found.samples.keys() | found.problems.keys()
+        for name in wanted
+        if (found := moves.get(f"moved:{name}")) is not None and (found.samples or found.problems)
+    }
+    asked: dict[str, PodQuery] = {}
+    for name, keys in moved.items():
+        selector, scale, combine = wanted[name]
+        named = {pod for _, pod in keys} if len(keys) <= MAX_NAMED_PODS else None
+        asked[f"moved-values:{name}"] = PodQuery(
+            moved_values_query(selector, combine, named), scale, combine
+        )
+    values, _ = await source.per_pod_batch(asked)
+    for name, keys in moved.items():
+        update = values.get(f"moved-values:{name}")
+        if update is None:
+            continue
+        # a pod of the same name in another namespace, or one that did not move, is not news
+        samples = {
+            key: Sample(sample.value, since_seconds)
+            for key, sample in update.samples.items()
+            if key in keys
+        }
+        problems = {key: problem for key, problem in update.problems.items() if key in keys}
+        if samples or problems:
+            snap.signals[name] = merged(snap.signals[name], PodSamples(samples, problems))
     return snap
 
 

@@ -9,7 +9,6 @@ and the result is parsed again and checked, so a rewriting bug fails closed. Pur
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +17,7 @@ import promql_parser as pp
 
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
 from gpusizer.settings import Tenancy
+from gpusizer.signals.queries import promql_string
 
 WAKE_FIELD = "spec.scaleToZero.wakeQuery"
 QUEUE_FIELD = "spec.metrics.queueQuery"
@@ -75,14 +75,9 @@ def parse(promql: str) -> pp.Expr:
     return pp.parse(promql)
 
 
-def _quote(value: str) -> str:
-    # JSON string escapes are a subset of PromQL's (Go's) double-quoted string escapes.
-    return json.dumps(value, ensure_ascii=False)
-
-
 def _matcher(m: pp.Matcher) -> str:
     op = next(text for op, text in _OPS if op == m.op)
-    return f"{m.name}{op}{_quote(m.value)}"
+    return f"{m.name}{op}{promql_string(m.value)}"
 
 
 def _duration(delta: timedelta) -> str:
@@ -119,8 +114,8 @@ def _confine(vs: pp.VectorSelector, label: str, namespace: str) -> tuple[str, li
         if _IDENTIFIER.fullmatch(vs.name):
             name = vs.name
         else:
-            kept.insert(0, f"__name__={_quote(vs.name)}")
-    kept.append(f"{label}={_quote(namespace)}")
+            kept.insert(0, f"__name__={promql_string(vs.name)}")
+    kept.append(f"{label}={promql_string(namespace)}")
     return f"{name}{{{','.join(kept)}}}{_modifiers(vs)}", replaced
 
 
@@ -169,7 +164,8 @@ def _one(field: str, promql: str, namespace: str, tenancy: Tenancy) -> tuple[str
         shown = promql if len(promql) <= 200 else promql[:200] + "..."
         raise InvalidQuery(f"{field}: parse error: {exc} in {shown!r}") from exc
     return rewritten, tuple(
-        f"{field}: selects {m}; restricted to {tenancy.label}={_quote(namespace)}" for m in replaced
+        f"{field}: selects {m}; restricted to {tenancy.label}={promql_string(namespace)}"
+        for m in replaced
     )
 
 
