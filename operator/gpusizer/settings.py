@@ -94,6 +94,14 @@ class OperatorSettings:
         return max(120.0, 4 * self.sync_period_seconds)
 
     @property
+    def ledger_period_seconds(self) -> float:
+        """How often every workload's savings ledger is read back: ten minutes, or the
+        right-sizing period if longer. Its windows (a day, a week) move by well under 1 % in
+        that time, and each read takes the increase of every workload's counters over days of
+        samples, which Prometheus would otherwise evaluate at every right-sizing period."""
+        return max(600.0, self.rightsizing_period_seconds)
+
+    @property
     def outage_grace_seconds(self) -> float:
         """How long Prometheus may answer nothing before every workload's status says so:
         twenty sync periods (5 minutes at the default, when GpusizerPrometheusUnavailable

@@ -240,7 +240,7 @@ def start(
             measurer=Measurer(
                 catalog,
                 history,
-                LedgerCache(windows, config.rightsizing_period_seconds),
+                LedgerCache(windows, config.ledger_period_seconds),
                 max_gap_seconds=config.max_accounted_gap_seconds,
             ),
             surprise_share=config.prediction_tolerance,

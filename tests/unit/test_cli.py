@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gpusizer.cli import build_parser, main
-from gpusizer.settings import OperatorSettings, read_period_seconds
+from gpusizer.settings import OperatorSettings, PrometheusSettings, read_period_seconds
 
 from tests.support import in_a_fresh_interpreter
 
@@ -139,3 +139,15 @@ def test_the_lease_defaults_to_the_pods_namespace_and_the_peerings_name(
     monkeypatch.setattr("gpusizer.cli.tune_garbage_collector", lambda: None)
     assert main(["run", "--prometheus-url", "http://p", *argv]) == 0
     assert (ran[0].lease, ran[0].peering_namespace) == (lease, peering_namespace)
+
+
+@pytest.mark.parametrize(("rightsizing", "ledger"), [(60.0, 600.0), (3600.0, 3600.0)])
+def test_the_ledger_is_read_back_far_less_often_than_right_sizing_reads(
+    rightsizing: float, ledger: float
+) -> None:
+    """Its windows are a day and a week: at every right-sizing period, Prometheus would take
+    the increase of every workload's counters over a week of samples once a minute."""
+    settings = OperatorSettings(
+        prometheus=PrometheusSettings(url="http://p"), rightsizing_period_seconds=rightsizing
+    )
+    assert settings.ledger_period_seconds == ledger

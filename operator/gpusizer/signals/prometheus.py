@@ -37,11 +37,12 @@ log = logging.getLogger(__name__)
 
 QUERY_THREADS = 8  # a full read's queries run at once, plus room for user queries
 # The reads over a window (right-sizing's history, the efficiency figures, the ledger) are a
-# few dozen range queries every right-sizing period, each of them costlier than a whole full
-# read. They run on a source of their own with this many threads: on the readers' threads the
-# ledger's twelve took all eight and the replica reads queued behind them; and they were in
-# a window at 10,000 workloads whose replica reads timed out (not shown to be the cause:
-# bench/README.md, "Issue 29: window reads in a lane of their own").
+# few dozen range queries (the ledger's once every ten minutes, the others every right-sizing
+# period), each of them costlier than a whole full read. They run on a source of their own
+# with this many threads: on the readers' threads the ledger's twelve took all eight and the
+# replica reads queued behind them; and they were in a window at 10,000 workloads whose
+# replica reads timed out (not shown to be the cause: bench/README.md, "Issue 29: window
+# reads in a lane of their own").
 WINDOW_QUERY_THREADS = 2
 # A refused connection or a 502-504 is asked once more; a query that timed out is not. Sent
 # again, it would load a Prometheus that is already slow, and the read would wait a second
