@@ -32,30 +32,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpusizer.ledger import WINDOWS  # noqa: E402
-from gpusizer.signals.queries import (  # noqa: E402
-    ENERGY_JOULES,
-    HELD_COST,
-    HELD_COST_PER_HOUR,
-    HELD_GPU_SECONDS,
-    HELD_GPUS,
-    HELD_IDLE_JOULES,
-    HELD_IDLE_WATTS,
-    TRACKED_SECONDS,
-    ledger_queries,
-)
+from gpusizer.report.metrics import HELD_COUNTERS, HELD_GAUGES  # noqa: E402
+from gpusizer.signals.queries import ledger_queries  # noqa: E402
 
 from tests.support import start_prometheus, wait_for  # noqa: E402
 
-COUNTERS = (HELD_GPU_SECONDS, HELD_COST, HELD_IDLE_JOULES, ENERGY_JOULES, TRACKED_SECONDS)
-GAUGES = (HELD_GPUS, HELD_COST_PER_HOUR, HELD_IDLE_WATTS)
 END = 1_764_979_200  # a fixed end, so that the blocks and the answers do not depend on the clock
 SPAN = max(WINDOWS.values())
 
 
 def write_series(out: IO[str], workloads: int, scrape: int) -> None:
-    """A week of every ledger series of `workloads` workloads, one sample per `scrape` s."""
+    """A week of every series the operator exports for the ledger (`report.metrics`), for
+    `workloads` workloads, one sample per `scrape` s."""
     times = range(END - SPAN, END, scrape)
-    for metric, kind in [*((c, "counter") for c in COUNTERS), *((g, "gauge") for g in GAUGES)]:
+    kinds = [*((c, "counter") for c in HELD_COUNTERS), *((g, "gauge") for g in HELD_GAUGES)]
+    for metric, kind in kinds:
         out.write(f"# TYPE {metric} {kind}\n")
         exposed = f"{metric}_total" if kind == "counter" else metric
         for w in range(workloads):

@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpusizer.report.status import STATUS_REFRESHES_PER_SECOND  # noqa: E402
-from gpusizer.settings import read_period_seconds  # noqa: E402
+from gpusizer.settings import OperatorSettings, read_period_seconds  # noqa: E402
 from gpusizer.signals.queries import MOVE_FRACTION  # noqa: E402
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
@@ -741,7 +741,7 @@ def main() -> int:
     p.add_argument(
         "--spread",
         type=float,
-        default=60.0,
+        default=OperatorSettings.rightsizing_period_seconds,  # the operator's default
         help="seconds over which the samples' loads change (the operator's right-sizing period: "
         "a shorter spread measures a slice of its rhythm; at least a scrape plus a read period)",
     )

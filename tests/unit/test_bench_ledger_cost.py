@@ -1,5 +1,5 @@
-"""bench/ledger_cost.py writes every series the ledger's queries read, a week of each: a metric
-renamed in `signals.queries` and not in the bench would measure queries over nothing."""
+"""bench/ledger_cost.py writes every series the ledger's queries read, a week of each: a series
+they read that the operator's exports (`report.metrics`) lack would measure queries over nothing."""
 
 from __future__ import annotations
 
