@@ -35,7 +35,7 @@ from gpusizer.ledger import WINDOWS  # noqa: E402
 from gpusizer.report.metrics import HELD_COUNTERS, HELD_GAUGES  # noqa: E402
 from gpusizer.signals.queries import ledger_queries  # noqa: E402
 
-from tests.support import start_prometheus, wait_for  # noqa: E402
+from tests.support import start_prometheus, wait_for_prometheus  # noqa: E402
 
 END = 1_764_979_200  # a fixed end, so that the blocks and the answers do not depend on the clock
 SPAN = max(WINDOWS.values())
@@ -55,13 +55,6 @@ def write_series(out: IO[str], workloads: int, scrape: int) -> None:
                 value = (t - times.start) * 0.5 if kind == "counter" else 1 + (t // 3600 + w) % 3
                 out.write(f"{exposed}{labels} {value} {t}\n")
     out.write("# EOF\n")
-
-
-def ready(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/-/ready", timeout=2).ok
-    except requests.ConnectionError:
-        return False
 
 
 def measure(url: str, workloads: int, rounds: int) -> dict[str, dict[str, float]]:
@@ -119,7 +112,7 @@ def main() -> int:
         proc, port = start_prometheus(prometheus, workdir, "--storage.tsdb.retention.time=3650d")
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_for(lambda: ready(url), 120, "prometheus /-/ready")
+            wait_for_prometheus(proc, url, 120)
             found = measure(url, args.workloads, args.rounds)
         finally:
             proc.terminate()

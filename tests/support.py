@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+import requests
+
 T = TypeVar("T")
 
 
@@ -68,3 +70,18 @@ def start_prometheus(
             stderr=subprocess.STDOUT,
         )
     return proc, port
+
+
+def wait_for_prometheus(proc: subprocess.Popen[bytes], url: str, timeout: float) -> None:
+    """Until the Prometheus `proc` serving `url` says it is ready; fails at once if it exited
+    (its log, workdir/prometheus.log, says why) rather than wait out `timeout`."""
+
+    def ready() -> bool:
+        try:
+            return requests.get(f"{url}/-/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            if proc.poll() is not None:
+                raise AssertionError("prometheus exited; see its log") from None
+            return False
+
+    wait_for(ready, timeout, "prometheus /-/ready")

@@ -9,9 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import requests
 
-from tests.support import free_port, start_prometheus, wait_for
+from tests.support import free_port, start_prometheus, wait_for, wait_for_prometheus
 
 
 class Exporter:
@@ -69,14 +68,7 @@ def prometheus(exporter: Exporter, tmp_path_factory: pytest.TempPathFactory) -> 
     )
     proc, port = start_prometheus(binary, workdir)
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return requests.get(f"{url}/-/ready", timeout=1).status_code == 200
-        except requests.RequestException:
-            return proc.poll() is not None and pytest.fail("prometheus exited; see its log")
-
-    wait_for(ready, 60, "prometheus /-/ready")
+    wait_for_prometheus(proc, url, 60)
     yield url
     proc.terminate()
     proc.wait(timeout=20)
