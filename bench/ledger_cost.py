@@ -78,8 +78,8 @@ def measure(url: str, workloads: int, rounds: int) -> dict[str, dict[str, float]
                 samples[(window, name)] = stats["samples"]["totalQueryableSamples"]
     return {
         window: {
-            "eval_s": sum(statistics.median(timings[(window, n)]) for n in ledger_queries(1)),
-            "samples": sum(samples[(window, n)] for n in ledger_queries(1)),
+            "eval_s": sum(statistics.median(t) for (w, _), t in timings.items() if w == window),
+            "samples": sum(n for (w, _), n in samples.items() if w == window),
         }
         for window in WINDOWS
     }
