@@ -122,6 +122,50 @@ def test_a_quiet_workload_is_decided_on_a_scale_by_hand(
     wait_until(lambda: operator.metric("gpusizer_quiet_workloads") >= 1, 120, what="quiet again")
 
 
+def test_the_kv_cache_is_read_while_a_workload_decides_on_it(
+    operator: Operator, workloads: Workloads
+) -> None:
+    """The reads ask for vLLM's KV cache only while a workload's replicas.targetKVCacheUsage
+    decides on it (signals/queries.py, OPTIONAL_SIGNALS). One that comes takes its first turn
+    on a read that asked for the KV cache, never on one that began before it came and left the
+    KV cache out: its first status is written after a KV cache read, and it does not say its
+    metrics are unavailable. Once it is deleted the full reads leave the KV cache out."""
+    ns = workloads.namespace
+
+    def kv_cache_reads() -> float:
+        series = "gpusizer_prometheus_query_duration_seconds_count"
+        return operator.metric(series, signal="kv_cache")
+
+    def full_reads() -> float:
+        return operator.metric("gpusizer_snapshot_duration_seconds_count", read="full")
+
+    def after_full_reads(count: int) -> None:
+        start = full_reads()
+        wait_until(lambda: full_reads() >= start + count, 60, what=f"{count} full reads")
+
+    # a workload that keeps the reads going, on utilisation alone
+    workloads.deployment("plain", replicas=1)
+    workloads.busy("plain", 1)
+    assert workloads.sizing("plain", sizing_spec("plain")).returncode == 0
+    workloads.wait_condition("plain", "MetricsAvailable", "True")
+
+    workloads.deployment("kv", replicas=1)
+    workloads.busy("kv", 1)
+    kv = f'vllm:kv_cache_usage_perc{{namespace="{ns}",pod=~"kv-.+"}}'
+    wait_until(lambda: workloads.cluster.promql(kv), 60, what="Prometheus reading kv's KV cache")
+    spec = sizing_spec("kv", replicas={"targetKVCacheUsage": 80})
+    assert workloads.sizing("kv", spec).returncode == 0
+    workloads.wait_condition("kv", "MetricsAvailable", "True")
+    assert kv_cache_reads() > 0, "its first turn was on a read without the KV cache"
+    assert "MetricsUnavailable" not in workloads.event_reasons("kv")
+
+    workloads.cluster.kubectl("delete", "workloadsizing", "kv", "-n", ns)
+    after_full_reads(3)  # the deletion's event came, and a full read began after it
+    left_out = kv_cache_reads()
+    after_full_reads(2)
+    assert kv_cache_reads() == left_out, "a full read asked for the KV cache nobody reads"
+
+
 def test_scale_to_zero_and_wake(operator: Operator, workloads: Workloads) -> None:
     ns = workloads.namespace
     workloads.deployment("idle", replicas=1)

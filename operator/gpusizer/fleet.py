@@ -41,6 +41,7 @@ from gpusizer.report import metrics
 from gpusizer.report.writer import WorkloadGone
 from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.parse import PodKey
+from gpusizer.signals.queries import OPTIONAL_SIGNALS
 from gpusizer.signals.snapshot import Readings, drifted, readings
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,12 @@ class Member(Protocol):
     @property
     def quiet(self) -> bool:
         """Its last turn found nothing that time alone, on what it read, could change."""
+        ...
+
+    @property
+    def optional_reads(self) -> frozenset[str]:
+        """The OPTIONAL_SIGNALS its turns decide on: the reads ask for them while it is in the
+        fleet, and its turn waits for a cycle whose read did."""
         ...
 
     def urgent(self, cycle: Cycle) -> bool: ...
@@ -162,6 +169,15 @@ class Fleet(Generic[M]):
         self._touched.discard(key)
         self._clock.listeners = len(self._seats)
 
+    def optional_reads(self) -> frozenset[str]:
+        """The OPTIONAL_SIGNALS some workload decides on (SnapshotReader.optional)."""
+        wanted: set[str] = set()
+        for seat in self._seats.values():
+            wanted |= seat.member.optional_reads
+            if len(wanted) == len(OPTIONAL_SIGNALS):
+                break
+        return frozenset(wanted)
+
     def touch(self, key: Key) -> None:
         """An event of its object came: the next cycle asks it whether it changed."""
         seat = self._seats.get(key)
@@ -230,12 +246,17 @@ class Fleet(Generic[M]):
                 key = next(iter(queue))
                 del queue[key]
                 seat = self._seats[key]
+                latest = self._clock.latest
+                assert latest is not None  # a turn is queued only once a cycle came
+                if not latest.snapshot.asked_for(seat.member.optional_reads):
+                    # it reads a signal no workload did when this cycle's read began: the
+                    # next read asks for it (SnapshotReader)
+                    self._schedule(key, seat, self._clock.number + 1)
+                    continue
                 seat.decided = self._clock.number
                 self._schedule(key, seat, seat.decided + self._decide_every)
                 if not self._clock.in_charge():
                     continue  # a replica not in charge writes nothing, not even a status
-                latest = self._clock.latest
-                assert latest is not None  # a turn is queued only once a cycle came
                 seat.busy = True
                 turn = asyncio.create_task(self._turn(key, seat, latest, decide, report))
                 self._turns.add(turn)

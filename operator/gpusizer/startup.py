@@ -286,6 +286,7 @@ def start(
         list_workloads=functools.partial(workload_uids, client),
         turns=Turns(view, services, memory, writer),
     )
+    reader.optional = runtime.fleet.optional_reads
     routes.start(runtime.watching)
     runtime.tasks.append(asyncio.create_task(clock.run()))
     runtime.tasks.append(

@@ -24,8 +24,10 @@ from gpusizer.report.turn import Outcome
 from gpusizer.report.writer import StatusNotWritten, WorkloadGone
 from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.parse import PodKey
+from gpusizer.signals.queries import KV_CACHE
 
 DEFAULT_TARGET_KIND = TargetRef.model_fields["kind"].default  # as the CRD defaults it
+KV_CACHE_READ, NO_READS = frozenset({KV_CACHE}), frozenset[str]()
 
 
 @dataclass(slots=True)
@@ -84,6 +86,12 @@ class Workload:
             if isinstance(kind, str) and isinstance(name, str)
             else None
         )
+
+    @property
+    def optional_reads(self) -> frozenset[str]:
+        replicas = self._part("spec").get("replicas")
+        wanted = isinstance(replicas, dict) and replicas.get("targetKVCacheUsage") is not None
+        return KV_CACHE_READ if wanted else NO_READS
 
     def saw_unchanged(self, until: float) -> None:
         self.unchanged_until = until

@@ -19,7 +19,7 @@ from gpusizer.report.writer import WorkloadGone
 from gpusizer.signals.autoscalers import TargetKey
 from gpusizer.signals.health import Outage, PrometheusState
 from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
-from gpusizer.signals.queries import GPU_UTIL
+from gpusizer.signals.queries import GPU_UTIL, KV_CACHE
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
 
@@ -39,6 +39,7 @@ class Member:
     target: TargetKey | None = None
     quiet: bool = False
     unchanged: list[float] = field(default_factory=list)  # what saw_unchanged was told
+    optional_reads: frozenset[str] = frozenset()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -178,6 +179,31 @@ async def test_an_event_of_its_object_has_the_next_cycle_ask_a_waiting_workload(
         await passes()
     assert turns.taken == [("w", 1.0), ("w", 4.0)]
     assert member.asked == [4.0, 5.0]
+
+
+async def test_a_workload_on_the_kv_cache_waits_for_a_cycle_whose_read_asked_for_it() -> None:
+    kv = frozenset({KV_CACHE})
+    fleet = fleet_of(Member("plain"), Member("on-kv", optional_reads=kv), decide_every=100)
+    turns = Turns()
+    async with running(fleet, turns):
+        fleet._clock.publish(cycle(1))  # read before the workload on the KV cache came
+        await passes()
+        assert turns.taken == [("plain", 1.0)]
+        with_kv = cycle(2)
+        with_kv.snapshot.errors[KV_CACHE] = Problem(Reason.QUERY_ERROR, "bad_data")  # asked
+        fleet._clock.publish(with_kv)
+        await passes()
+    assert turns.taken == [("plain", 1.0), ("on-kv", 2.0)]
+
+
+def test_the_reads_ask_for_what_some_workload_in_the_fleet_decides_on() -> None:
+    kv = frozenset({KV_CACHE})
+    fleet = fleet_of(Member("a"), Member("b"))
+    assert fleet.optional_reads() == frozenset()
+    fleet.join(Member("c", optional_reads=kv))
+    assert fleet.optional_reads() == kv
+    fleet.leave(("ns", "c"))
+    assert fleet.optional_reads() == frozenset()
 
 
 POD = ("ns", "w-0")

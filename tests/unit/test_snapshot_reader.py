@@ -11,6 +11,7 @@ from gpusizer.signals.health import failed_whole
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import (
     GPU_UTIL,
+    KV_CACHE,
     MAX_NAMED_PODS,
     MEMORY,
     MIG_UTIL,
@@ -88,6 +89,61 @@ async def test_a_full_read_first_and_once_per_period_the_moves_between() -> None
         if signal == f"moved:{GPU_UTIL}" and (match := re.search(r"offset (\d+)ms", promql))
     ]
     assert looked_back == [1 + margin] * 5 + [3 + margin] + [1 + margin] * 2
+
+
+def with_kv_cache() -> FakeMetrics:
+    """A Prometheus whose full read has a pod's utilisation and KV cache."""
+    metrics = with_a_pod()
+    metrics.answers[KV_CACHE] = PodSamples(samples={("ns", "a"): Sample(0.5, 1)})
+    return metrics
+
+
+def asked_for_kv_cache(metrics: FakeMetrics) -> list[str]:
+    return [signal for signal, _ in metrics.asked if KV_CACHE in signal]
+
+
+async def test_a_read_leaves_out_the_kv_cache_while_no_workload_decides_on_it() -> None:
+    now = [0.0]
+    metrics = with_kv_cache()
+    reader = SnapshotReader(metrics, Server, 4.5, monotonic=lambda: now[0])
+    reader.optional = frozenset
+    for _ in range(6):  # full, moved x 4, full
+        snapshot = await reader.read()
+        assert not snapshot.asked_for({KV_CACHE})
+        now[0] += 1
+    assert kinds(metrics) == ["full", *["moved"] * 4, "full"]
+    assert asked_for_kv_cache(metrics) == []
+
+
+async def test_a_workload_that_decides_on_the_kv_cache_makes_the_next_read_full() -> None:
+    now = [0.0]
+    metrics = with_kv_cache()
+    reader = SnapshotReader(metrics, Server, 60, monotonic=lambda: now[0])
+    wanted: list[frozenset[str]] = [frozenset()]
+    reader.optional = lambda: wanted[0]
+    await reader.read()
+    now[0] += 1
+    await reader.read()
+    wanted[0] = frozenset({KV_CACHE})  # one joined: the next read asks, a minute early
+    now[0] += 1
+    snapshot = await reader.read()
+    now[0] += 1
+    await reader.read()
+    assert kinds(metrics) == ["full", "moved", "full", "moved"]
+    assert snapshot.asked_for({KV_CACHE})
+    assert snapshot.signals[KV_CACHE].samples[("ns", "a")].value == 0.5
+    assert asked_for_kv_cache(metrics) == [KV_CACHE, f"moved:{KV_CACHE}"]
+    wanted[0] = frozenset()  # it left: the moves go on until the next full read leaves it out
+    now[0] += 60
+    snapshot = await reader.read()
+    assert kinds(metrics)[-1] == "full" and not snapshot.asked_for({KV_CACHE})
+
+
+async def test_a_failed_kv_cache_query_was_asked_for() -> None:
+    metrics = with_a_pod()
+    metrics.answers[KV_CACHE] = TIMED_OUT
+    snapshot = await read_full(metrics, Server, optional={KV_CACHE})
+    assert KV_CACHE in snapshot.errors and snapshot.asked_for({KV_CACHE})
 
 
 async def test_each_move_is_merged_into_the_latest_read_not_the_full_one() -> None:

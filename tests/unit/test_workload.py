@@ -17,6 +17,7 @@ from gpusizer.ports import StatusSink
 from gpusizer.reconcile import Services
 from gpusizer.report.turn import Outcome
 from gpusizer.report.writer import WorkloadGone
+from gpusizer.signals.queries import KV_CACHE
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.workload import Turns, Workload
 
@@ -53,6 +54,24 @@ def test_an_activator_record_that_changed_asks_for_a_turn_at_once() -> None:
     assert workload.activator_pushed({"gpusizer.io/paused": "false", **record})
     assert not workload.activator_pushed({"other": "changed", **record}), "the same records"
     assert workload.activator_pushed({}), "a record gone (nothing held any more) is news too"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reads"),
+    [
+        ({"replicas": {"targetGPUUtilization": 70}}, set()),
+        ({"replicas": {"targetKVCacheUsage": 80}}, {KV_CACHE}),
+        ({"replicas": {"targetKVCacheUsage": 0}}, {KV_CACHE}),
+        ({"replicas": "malformed"}, set()),  # its turn says so; the reads need nothing for it
+        ({}, set()),
+    ],
+)
+def test_a_workload_on_the_kv_cache_has_the_reads_ask_for_it(
+    spec: dict[str, Any], reads: set[str]
+) -> None:
+    logger = kopf.LocalObjectLogger(body=kopf.Body({}), settings=kopf.OperatorSettings())
+    workload = Workload("ns", "chat", {"spec": spec}, logger)
+    assert workload.optional_reads == reads
 
 
 class FirstWriteWaits:

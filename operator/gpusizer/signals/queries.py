@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Set
 from typing import NamedTuple
 
 from gpusizer.api.v1alpha1 import Server
@@ -41,6 +41,11 @@ BATCHED_SIGNALS: dict[str, tuple[str, float, str]] = {
 
 # vLLM's share (0-1) of its KV cache in use: an LLM server saturates here before its GPU shows it
 KV_CACHE_SERIES = "vllm:kv_cache_usage_perc"
+# Signals a read asks for only while a workload in the fleet decides on them (`fleet.Member.
+# optional_reads`): only replicas.targetKVCacheUsage reads the KV cache, whose query was the
+# costliest of a full read at 10,000 workloads, and whose moves select every vLLM pod's series
+# twice at every moved read (bench/README.md, "Issue 29").
+OPTIONAL_SIGNALS = frozenset({KV_CACHE})
 # the window of the served-request rate: long enough to hold two scrapes
 REQUEST_RATE_WINDOW = "1m"
 
@@ -141,8 +146,11 @@ SLOW_SIGNALS = frozenset({MEMORY})
 WINDOWED_SIGNALS = frozenset(request_rate_signal(s) for s in SERVED_COUNTERS)
 
 
-def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, str]]:
-    """signal -> (selector, scale, how a pod's series combine) for one cycle's reads."""
+def batched_signals(
+    servers: Iterable[Server], optional: Set[str] = OPTIONAL_SIGNALS
+) -> dict[str, tuple[str, float, str]]:
+    """signal -> (selector, scale, how a pod's series combine) for one cycle's reads, of
+    OPTIONAL_SIGNALS only those in `optional`."""
     wanted: dict[str, tuple[str, float, str]] = dict(BATCHED_SIGNALS)
     for server in sorted(set(servers)):
         if server in QUEUE_SERIES:
@@ -150,7 +158,7 @@ def batched_signals(servers: Iterable[Server]) -> dict[str, tuple[str, float, st
         if server in SERVED_COUNTERS:
             rate = f"rate({SERVED_COUNTERS[server]}[{REQUEST_RATE_WINDOW}])"
             wanted[request_rate_signal(server)] = (rate, 1.0, "sum")
-        if server == Server.VLLM:
+        if server == Server.VLLM and KV_CACHE in optional:
             wanted[KV_CACHE] = (KV_CACHE_SERIES, 1.0, "mean")
     return wanted
 
@@ -175,11 +183,14 @@ def pod_query(selector: str, combine: str, dated: bool = True) -> str:
     return f'({value}) or label_replace({oldest}, "{TIMESTAMP_LABEL}", "1", "", "")'
 
 
-def full_read_queries(servers: Iterable[Server]) -> dict[str, PodQuery]:
-    """Every signal for every pod: the queries of a full read."""
+def full_read_queries(
+    servers: Iterable[Server], optional: Set[str] = OPTIONAL_SIGNALS
+) -> dict[str, PodQuery]:
+    """Every signal for every pod (of OPTIONAL_SIGNALS, those in `optional`): the queries of a
+    full read."""
     return {
         name: PodQuery(pod_query(selector, combine, name not in WINDOWED_SIGNALS), scale, combine)
-        for name, (selector, scale, combine) in batched_signals(servers).items()
+        for name, (selector, scale, combine) in batched_signals(servers, optional).items()
     }
 
 

@@ -4,7 +4,7 @@ workload decides on, a user's own queue query, and measured use over a window.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 
 from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
 from gpusizer.ledger import WINDOWS, LedgerRow, ledger_rows
@@ -14,6 +14,7 @@ from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import (
     MAX_NAMED_PODS,
     MOVE_MARGIN_SECONDS,
+    OPTIONAL_SIGNALS,
     REPLICA_SIGNALS,
     SLOW_SIGNALS,
     PodQuery,
@@ -38,12 +39,14 @@ async def read_full(
     slow_from: Snapshot | None = None,
     last: Snapshot | None = None,
     wall: Callable[[], float] = time.time,
+    optional: Set[str] = OPTIONAL_SIGNALS,
 ) -> Snapshot:
-    """Every signal for every pod: a constant number of queries, whatever the workload count.
-    With `slow_from`, the signals that size slices rather than replicas (SLOW_SIGNALS) are
-    taken from it instead of read again. With `last`, a replica signal whose query went
-    unanswered while others answered keeps `last`'s samples (`_held`)."""
-    queries = full_read_queries(servers)
+    """Every signal for every pod (of OPTIONAL_SIGNALS, those in `optional`): a constant
+    number of queries, whatever the workload count. With `slow_from`, the signals that size
+    slices rather than replicas (SLOW_SIGNALS) are taken from it instead of read again. With
+    `last`, a replica signal whose query went unanswered while others answered keeps `last`'s
+    samples (`_held`)."""
+    queries = full_read_queries(servers, optional)
     if slow_from is not None:
         queries = {name: q for name, q in queries.items() if name not in SLOW_SIGNALS}
     snap = Snapshot(time=wall())
@@ -184,7 +187,10 @@ class SnapshotReader:
 
     A full read returns a few series per pod and signal; the moves are a few series, so a load
     change is seen within a read period of its scrape for about the Prometheus work of one
-    query of a full read (bench/README.md)."""
+    query of a full read (bench/README.md).
+
+    Of OPTIONAL_SIGNALS, a read asks for those `optional` returns (the fleet's workloads decide
+    on them), and one that the latest read left out makes the next read a full one."""
 
     def __init__(
         self,
@@ -201,17 +207,24 @@ class SnapshotReader:
         self._monotonic = monotonic
         self._latest: Snapshot | None = None
         self._full_at = self._read_at = self._slow_at = 0.0
+        self.optional: Callable[[], Set[str]] = lambda: OPTIONAL_SIGNALS
 
     async def read(self) -> Snapshot:
-        latest, now = self._latest, self._monotonic()
+        latest, now, optional = self._latest, self._monotonic(), self.optional()
         since = now - self._read_at + MOVE_MARGIN_SECONDS
         self._read_at = now
-        if latest is None or now - self._full_at >= self._full_every:
+        if (
+            latest is None
+            or now - self._full_at >= self._full_every
+            or not latest.asked_for(optional)
+        ):
             self._full_at = now
             slow_from = latest
             if latest is None or now - self._slow_at >= self._slow_every:
                 self._slow_at, slow_from = now, None
-            latest = await read_full(self._source, self._servers, slow_from, latest)
+            latest = await read_full(
+                self._source, self._servers, slow_from, latest, optional=optional
+            )
         else:
             latest = await read_moved(self._source, latest, since)
         self._latest = latest

@@ -5,6 +5,7 @@ Pure: the data one read returned and comparisons between reads; `reader` does th
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from gpusizer.signals.parse import PodKey, PodSamples, Problem, Sample
@@ -22,6 +23,11 @@ class Snapshot:
     full: bool = True  # whether every signal was read for every pod at `time`
     carried: frozenset[str] = frozenset()
     """Signals taken from an earlier read (SLOW_SIGNALS between their reads), not asked now."""
+
+    def asked_for(self, signals: Set[str]) -> bool:
+        """Whether the read asked for every one of `signals`, answered or not: it leaves out
+        the OPTIONAL_SIGNALS no workload decided on when it began."""
+        return all(s in self.signals or s in self.errors for s in signals)
 
 
 def moved_pods(before: Snapshot | None, after: Snapshot) -> frozenset[PodKey]:
