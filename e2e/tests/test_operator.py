@@ -94,10 +94,11 @@ def test_a_quiet_workload_is_decided_on_a_scale_by_hand(
 ) -> None:
     """A workload at its min with no load has nothing to do that time alone could change: it
     goes quiet on a real cluster (no event of its pods or its Deployment keeps it from it),
-    and is decided every four sync periods (fleet.py). A change made by hand is still decided
-    on: scaled back to its min (its recommendations all say 1, so no window holds the second
-    replica), then it is quiet again. That the Deployment's event, rather than the end of the
-    wait, brings the turn is tested in tests/unit/test_handlers.py and test_fleet_turns.py."""
+    and waits up to four sync periods for each decision (fleet.py). A change made by hand is
+    still decided on: scaled back to its min (its recommendations all say 1, so no window holds
+    the second replica), then it is quiet again. That the Deployment's event, rather than the
+    end of the wait, brings the turn is tested in tests/unit/test_handlers.py and
+    test_fleet_turns.py."""
     workloads.deployment("calm", replicas=1)
     workloads.load("calm", 0)
     assert workloads.sizing("calm", sizing_spec("calm")).returncode == 0

@@ -11,15 +11,19 @@ spec changed. Only the workloads a cycle may concern are asked: asking thousands
 cost more than the read (bench/README.md).
 
 A quiet workload (its last turn found its replicas where its policy will want them for as long as
-what it reads stays as it was: `reconcile.quiet`) waits `quiet_every` sync periods for its next
-turn instead of one, for as long as nothing it reads changes: no pod it read moved (at any read,
-or, against what its last turn read, at a full read: a slow drift), no event of its object, its
-target or a pod it read came, and the reads every workload shares (other autoscalers, the
+what it reads stays as it was: `reconcile.quiet`) waits up to `quiet_every` sync periods for its
+next turn instead of one, for as long as nothing it reads changes: no pod it read moved (at any
+read, or, against what its last turn read, at a full read: a slow drift), no event of its object,
+its target or a pod it read came, and the reads every workload shares (other autoscalers, the
 list's failure, Prometheus' state) are as they were. Any of these ends the wait: its turn comes
 when it would have come had it not been quiet. Its turn then closes its running decision at the
 last read that showed nothing changed (`Member.saw_unchanged`), not at its last turn, so the
 stabilization windows are what they would have been. At 10,000 workloads the turns of unchanged
-workloads held the operator's core (bench/README.md, "Issue 29").
+workloads held the operator's core (bench/README.md, "Issue 29"). Its quiet turns come on the
+cycles of its phase (one of the wait's cycles, dealt in the order the workloads joined): the
+workloads that went quiet together (all of them, after a restart or a change of what they all
+read) would otherwise take their turns together, a round of the whole fleet on one cycle of
+each wait and none on the others, and a load change read on that cycle waited behind it.
 
 Turns start one per pass of the event loop: a round of thousands of decisions that never wait
 would otherwise hold the loop for seconds while the watches, the event poster and the next read
@@ -105,6 +109,7 @@ class _Seat(Generic[M]):
     again: bool = False  # a cycle concerned it, or a nudge came, while busy
     nudged: bool = False
     quiet: Readings | None = None  # while quiet: what its last turn read
+    phase: int = 0  # its quiet turns come on the cycles of this number, modulo a quiet wait
 
 
 class Fleet(Generic[M]):
@@ -114,6 +119,7 @@ class Fleet(Generic[M]):
         self._clock = clock
         self._decide_every = decide_every
         self._quiet_every = quiet_every  # sync periods a quiet workload waits; 1: none
+        self._joined = 0  # workloads that joined: the next one's phase
         self._seats: dict[Key, _Seat[M]] = {}
         # in the order they came: turns start in it
         self._due: dict[int, dict[Key, None]] = {}
@@ -146,7 +152,8 @@ class Fleet(Generic[M]):
         at most a period old, else on the next: after a pause the latest may be hours old."""
         key = member.key
         self.leave(key)
-        seat = self._seats[key] = _Seat(member)
+        seat = self._seats[key] = _Seat(member, phase=self._joined % self._quiet_cycles)
+        self._joined += 1
         self._clock.listeners = len(self._seats)
         latest = self._clock.latest
         if latest is not None and self._clock.fresh():
@@ -168,6 +175,11 @@ class Fleet(Generic[M]):
         self._waiting.pop(key, None)
         self._touched.discard(key)
         self._clock.listeners = len(self._seats)
+
+    @property
+    def _quiet_cycles(self) -> int:
+        """The cycles of a quiet workload's longest wait."""
+        return self._decide_every * self._quiet_every
 
     def optional_reads(self) -> frozenset[str]:
         """The OPTIONAL_SIGNALS some workload decides on (SnapshotReader.optional)."""
@@ -350,8 +362,9 @@ class Fleet(Generic[M]):
             self._queued.set()
 
     def _settle(self, key: Key, seat: _Seat[M], cycle: Cycle) -> None:
-        """After a turn on `cycle`: a quiet workload's next turn waits `quiet_every` sync
-        periods, unless something came meanwhile (a nudge, a turn already due)."""
+        """After a turn on `cycle`: a quiet workload's next turn is on the first cycle of its
+        phase after it, at most `quiet_every` sync periods on, unless something came meanwhile
+        (a nudge, a turn already due)."""
         seat.quiet = None
         self._quiet.discard(key)
         if (
@@ -362,7 +375,8 @@ class Fleet(Generic[M]):
         ):
             seat.quiet = readings(cycle.snapshot, seat.pods)
             self._quiet.add(key)
-            self._schedule(key, seat, seat.decided + self._decide_every * self._quiet_every)
+            wait = self._quiet_cycles
+            self._schedule(key, seat, seat.decided + wait - (seat.decided - seat.phase) % wait)
         metrics.QUIET_WORKLOADS.set(len(self._quiet))
 
     def _disturb(self, key: Key, seat: _Seat[M], earliest: int | None = None) -> None:

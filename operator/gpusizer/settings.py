@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 # is acted on within a read period of its scrape, for a little more Prometheus and operator CPU
 # than reading once per sync period (bench/README.md, "Side by side at 5,000").
 DEFAULT_READ_PERIOD_SECONDS = 2.0
-# A workload whose last turn found nothing that time alone could change waits this many sync
-# periods for its next turn while nothing it reads changes (fleet.py), within this long: the
+# A workload whose last turn found nothing that time alone could change waits up to this many
+# sync periods for its next turn while nothing it reads changes (fleet.py), within this long: the
 # turns of unchanged workloads held the operator's core at 10,000 (bench/README.md, "Issue 29").
 QUIET_SYNC_PERIODS = 4
 QUIET_WAIT_SECONDS = 60.0
@@ -121,8 +121,8 @@ class OperatorSettings:
 
     @property
     def quiet_every(self) -> int:
-        """Sync periods between the turns of a quiet workload (fleet.py): QUIET_SYNC_PERIODS,
-        or as many as fit in QUIET_WAIT_SECONDS, so that a status refresh and the figures and
-        accounting each turn updates keep about their pace."""
+        """The most sync periods between two turns of a quiet workload (fleet.py):
+        QUIET_SYNC_PERIODS, or as many as fit in QUIET_WAIT_SECONDS, so that a status refresh
+        and the figures and accounting each turn updates keep about their pace."""
         fit = int(QUIET_WAIT_SECONDS // self.sync_period_seconds)
         return max(1, min(QUIET_SYNC_PERIODS, fit))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import time
 import weakref
@@ -232,9 +233,31 @@ async def turns_on(
 
 async def test_a_quiet_workload_waits_its_sync_periods_and_a_busy_one_does_not() -> None:
     quiet = fleet_of(quiet_one(), decide_every=2, quiet_every=3)
-    assert await turns_on(quiet, range(1, 15)) == [1.0, 7.0, 13.0]
+    # the first to join has phase 0: its quiet turns come on the multiples of the wait (6)
+    assert await turns_on(quiet, range(1, 15)) == [1.0, 6.0, 12.0]
     busy = fleet_of(Member("w", pods=(POD,)), decide_every=2, quiet_every=3)
     assert await turns_on(busy, range(1, 8)) == [1.0, 3.0, 5.0, 7.0]
+
+
+async def test_quiet_workloads_that_went_quiet_together_take_their_turns_spread() -> None:
+    """After a restart every workload takes its first turn on one cycle: their quiet turns are
+    dealt over the cycles of the wait instead of coming all together on every eighth."""
+    members = [Member(f"w{i}", pods=(("ns", f"w{i}-0"),), quiet=True) for i in range(16)]
+    fleet = fleet_of(*members, decide_every=2, quiet_every=4)
+    turns = Turns()
+    load = {f"w{i}-0": 50.0 for i in range(16)}
+    async with running(fleet, turns):
+        for number in range(1, 26):
+            fleet._clock.publish(cycle(number, load))
+            await passes()
+    per_cycle = [sum(1 for _, t in turns.taken if t == number) for number in range(1, 26)]
+    assert per_cycle[0] == 16
+    assert per_cycle[1:] == [2] * 24  # each cycle of the wait, two of the sixteen
+    for member in members:
+        cycles = [t for name, t in turns.taken if name == member.name]
+        waits = [later - earlier for earlier, later in itertools.pairwise(cycles)]
+        assert max(waits) <= 8
+        assert waits[1:] == [8.0, 8.0]  # after the first, on its phase: a whole wait
 
 
 @pytest.mark.parametrize(
@@ -256,10 +279,10 @@ async def test_an_event_ends_the_wait_and_the_turn_comes_as_it_would_have(
         if number == 5:
             event(fleet)
 
-    # without the event: 1 and 9; with it, after cycle 4, its sync period (3) being over: 5,
-    # and quiet again, 13
-    assert await turns_on(fleet, range(1, 14), before=event_after_4) == [1.0, 5.0, 13.0]
-    assert member.unchanged == [4.0, 12.0]  # its turn on 5 closes its running decision there
+    # without the event: 1 and 8 (its phase); with it, after cycle 4, its sync period (3) being
+    # over: 5, and quiet again, on its phase: 8
+    assert await turns_on(fleet, range(1, 14), before=event_after_4) == [1.0, 5.0, 8.0]
+    assert member.unchanged == [4.0, 7.0]  # its turn on 5 closes its running decision there
 
 
 @pytest.mark.parametrize(
@@ -277,8 +300,8 @@ async def test_an_event_of_something_it_does_not_read_leaves_it_waiting(
 ) -> None:
     member = quiet_one()
     fleet = fleet_of(member, decide_every=2, quiet_every=4)
-    assert await turns_on(fleet, range(1, 10), before=lambda _: event(fleet)) == [1.0, 9.0]
-    assert member.unchanged == [8.0]
+    assert await turns_on(fleet, range(1, 10), before=lambda _: event(fleet)) == [1.0, 8.0]
+    assert member.unchanged == [7.0]
 
 
 @pytest.mark.parametrize(
