@@ -11,7 +11,7 @@ every WorkloadSizing has been decided, then measures:
   one's spec.replicas changes (p50, p95), split at the timestamp of the scrape that carried
   the change and at its landing in Prometheus;
 - cycle: the time to decide every workload once, N / (decisions per second), from the
-  operator's gpusizer_reconcile_duration_seconds_count;
+  operator's gpusizer_reconcile_duration_seconds_count over whole waits of a quiet workload;
 - operator CPU (cores, from /proc/PID/stat over a steady window) and peak RSS (VmHWM);
 - Prometheus queries per cycle: delta of gpusizer_prometheus_query_duration_seconds_count over
   the delta of gpusizer_snapshot_duration_seconds_count (one snapshot per read, full or moved);
@@ -52,7 +52,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpusizer.report.status import STATUS_REFRESHES_PER_SECOND  # noqa: E402
-from gpusizer.settings import OperatorSettings, read_period_seconds  # noqa: E402
+from gpusizer.settings import (  # noqa: E402
+    OperatorSettings,
+    PrometheusSettings,
+    read_period_seconds,
+)
 from gpusizer.signals.queries import MOVE_FRACTION  # noqa: E402
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
@@ -510,12 +514,25 @@ def read_period(args: argparse.Namespace) -> float:
     return read_period_seconds(args.read_period, args.sync_period)
 
 
+def steady_window(args: argparse.Namespace) -> float:
+    """`--window`, at least four sync periods, rounded up to whole waits of a quiet workload
+    (its decide_every * quiet_every reads): over a part of a wait, the cycle counted its turns
+    on that part's cycles alone."""
+    settings = OperatorSettings(
+        PrometheusSettings(url=""),
+        sync_period_seconds=args.sync_period,
+        read_period_seconds=args.read_period,
+    )
+    wait = settings.read_period * settings.decide_every * settings.quiet_every
+    return wait * math.ceil(max(args.window, 4 * args.sync_period) / wait)
+
+
 def measure(
     cluster: Cluster, op: Operator, apps: Any, size: int, have: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     assert op.process is not None
     pid = op.process.pid
-    window = max(args.window, 4 * args.sync_period)
+    window = steady_window(args)
     neighbours = {
         name: int(cluster.env[key])
         for name, key in (("prometheus", "PROMETHEUS_PID"), ("gpusim", "GPUSIM_PID"))
@@ -745,7 +762,12 @@ def main() -> int:
         help="seconds over which the samples' loads change (the operator's right-sizing period: "
         "a shorter spread measures a slice of its rhythm; at least a scrape plus a read period)",
     )
-    p.add_argument("--window", type=float, default=40.0, help="steady window for CPU, cycles (s)")
+    p.add_argument(
+        "--window",
+        type=float,
+        default=40.0,
+        help="steady window for CPU, cycles (s; rounded up to whole waits of a quiet workload)",
+    )
     p.add_argument("--log-level", default="info", help="the operator's --log-level")
     p.add_argument(
         "--operator-path",
