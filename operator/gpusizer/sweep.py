@@ -70,7 +70,9 @@ def _listed_uids(
                 _headers={"Accept": METADATA_LIST},
             )
             page = json.loads(response.data)
-            uids.update(str((item.get("metadata") or {}).get("uid")) for item in page["items"])
+            # a namespace with none: the API server's metadata-only list says "items": null
+            items = page["items"] or ()
+            uids.update(str((item.get("metadata") or {}).get("uid")) for item in items)
             token = (page.get("metadata") or {}).get("continue") or None
             if not token:
                 break

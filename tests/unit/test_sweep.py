@@ -7,13 +7,14 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from gpusizer.cluster import ClusterView
 from gpusizer.partition.objects import GpuPod, present_pods
 from gpusizer.report import metrics
 from gpusizer.signals.pods import PodInfo
-from gpusizer.sweep import PodSweep
+from gpusizer.sweep import PodSweep, pod_uids
 
 NS = "llm"
 
@@ -121,3 +122,22 @@ async def test_a_failed_sweep_is_said_once_keeps_what_was_found_and_goes_on(
         ("listing pods to find those the watch missed deleting failed: refused", False),
         ("the pod sweep failed; it runs again in 0s", True),  # the bug's traceback
     ]
+
+
+def test_a_namespace_whose_list_is_null_holds_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server's metadata-only list of a namespace with nothing in it has "items":
+    null (seen on the local cluster's kube-apiserver); the sweep failed on it every minute."""
+    answers = {
+        "empty": b'{"kind":"PartialObjectMetadataList","metadata":{},"items":null}',
+        NS: b'{"metadata":{},"items":[{"metadata":{"uid":"u1"}},{"metadata":{"uid":"u3"}}]}',
+    }
+
+    class Api:
+        def __init__(self, client: object) -> None:
+            pass
+
+        def list_namespaced_pod(self, namespace: str, **_: object) -> SimpleNamespace:
+            return SimpleNamespace(data=answers[namespace])
+
+    monkeypatch.setattr("gpusizer.sweep.k8s.CoreV1Api", Api)
+    assert pod_uids(object(), ["empty", NS]) == {"u1", "u3"}  # type: ignore[arg-type]
