@@ -37,7 +37,7 @@ Lister = Callable[[Iterable[str]], set[str]]  # namespaces -> the uids of the ob
 
 def pod_uids(client: k8s.ApiClient, namespaces: Iterable[str], page_size: int = PAGE) -> set[str]:
     """Blocking: the uids of the pods in `namespaces`, as the API server has them now."""
-    return _listed_uids(k8s.CoreV1Api(client).list_namespaced_pod, namespaces, page_size)
+    return listed_uids(k8s.CoreV1Api(client).list_namespaced_pod, namespaces, page_size)
 
 
 def workload_uids(
@@ -51,10 +51,10 @@ def workload_uids(
         version=VERSION,
         plural=PLURAL,
     )
-    return _listed_uids(lister, namespaces, page_size)
+    return listed_uids(lister, namespaces, page_size)
 
 
-def _listed_uids(
+def listed_uids(
     list_namespaced: Callable[..., Any], namespaces: Iterable[str], page_size: int
 ) -> set[str]:
     """Every page of each namespace's list, metadata only, read for its items' uids."""
