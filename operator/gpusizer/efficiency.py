@@ -25,13 +25,19 @@ from dataclasses import asdict, dataclass
 
 from gpusizer.catalog import Catalog, Slice
 from gpusizer.signals.parse import LabelledValue, PodKey, PodSamples, pod_key
-from gpusizer.signals.queries import ENERGY, OUTPUT_TOKENS, POWER, PROMPT_TOKENS, REQUESTS
+from gpusizer.signals.queries import (
+    ACTIVE,
+    ENERGY,
+    OUTPUT_TOKENS,
+    POWER,
+    PROMPT_TOKENS,
+    REQUESTS,
+)
 from gpusizer.signals.usage import UsageHistory
 
 JOULES_PER_KWH = 3.6e6
 MILLIJOULES_PER_JOULE = 1000.0
 SECONDS_PER_HOUR = 3600.0
-ACTIVE = "active"
 
 MAX_POWER_OVER_BOARD = 1.2
 """An energy increase that means more than this times board power is a counter that jumped
@@ -340,6 +346,12 @@ def efficiency(history: UsageHistory, pods: Sequence[ServingPod], catalog: Catal
         watts=watts,
         unknown=tuple(unknown),
     )
+
+
+def draw_watts(draw: UsageHistory, pods: Sequence[ServingPod], catalog: Catalog) -> float | None:
+    """The pods' GPU draw (W) over a short window (`signals.queries.draw_queries`), split as
+    their energy is; unknown when a pod's is."""
+    return _energy(draw, pods, catalog, [])[1]
 
 
 def _energy(

@@ -49,7 +49,7 @@ def held(
     not counted for the part of it they lived: the operator's own writes add and remove pods
     just after a turn, so counting what is there at the next one is the closer account. A gap
     longer than `max_gap_seconds` (another replica was in charge, or the process stopped)
-    counts nothing; `watts` is the draw measured over the right-sizing window."""
+    counts nothing; `watts` is the pods' draw measured over the last right-sizing period."""
     since = now - previous_turn if previous_turn is not None else 0.0
     if not 0 < since <= max_gap_seconds:
         since = 0.0

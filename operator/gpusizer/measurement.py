@@ -19,7 +19,7 @@ from gpusizer.actuate.target_view import TargetView
 from gpusizer.api import v1alpha1 as api
 from gpusizer.api.v1alpha1 import WorkloadSizingSpec
 from gpusizer.catalog import Catalog, Slice
-from gpusizer.efficiency import Efficiency, ServingPod, efficiency, rounded
+from gpusizer.efficiency import Efficiency, ServingPod, draw_watts, efficiency, rounded
 from gpusizer.ledger import WINDOWS, LedgerRow, held
 from gpusizer.report import metrics
 from gpusizer.signals.discovery import NodeInfo
@@ -225,7 +225,10 @@ class Measurer:
         known = [m for m in measurements_from_status(status) if m.fingerprint == alike]
         kept = newest(known, measure_on_one_slice(history, pods, slices, alike))
         book.learn(key, kept)
-        self._account(key, pods, slices, found.watts, previous_turn, now)
+        draw = await self._history.draw()
+        drawing = serving_pods(pods, slices, draw, spec.metrics.max_sample_age_seconds)
+        watts = draw_watts(draw, drawing, self.catalog)
+        self._account(key, pods, slices, watts, previous_turn, now)
         metrics.WORKLOADS.gauges(*key, _figure_gauges(found))
         await self._report_ledger(key)
         return Measured(
@@ -245,7 +248,8 @@ class Measurer:
         previous_turn: float | None,
         now: float,
     ) -> None:
-        """What the pods held since the previous turn, into the ledger's counters."""
+        """What the pods held since the previous turn, into the ledger's counters; `watts`:
+        their draw over the last right-sizing period (`HistoryCache.draw`)."""
         found = held(
             [(p, slices[(p.namespace, p.name)]) for p in pods],
             previous_turn,

@@ -14,13 +14,14 @@ from gpusizer.efficiency import (
     ServingPod,
     after_move,
     catalog_shares,
+    draw_watts,
     efficiency,
     instance_readings,
     slice_watts,
     split_mig_energy,
 )
 from gpusizer.signals.parse import LabelledValue, PodSamples, Problem, Sample
-from gpusizer.signals.queries import ENERGY, OUTPUT_TOKENS, POWER, PROMPT_TOKENS, REQUESTS
+from gpusizer.signals.queries import ACTIVE, ENERGY, OUTPUT_TOKENS, POWER, PROMPT_TOKENS, REQUESTS
 from gpusizer.signals.usage import UsageHistory
 from gpusizer.vocabulary import Reason
 
@@ -322,7 +323,7 @@ def test_instance_series_are_joined_by_their_labels() -> None:
         {
             ENERGY: [LabelledValue(labels, 12_300_000.0), LabelledValue(unheld, 12_300_000.0)],
             POWER: [LabelledValue(labels, 205.0)],
-            "active": [LabelledValue(labels, 0.5), LabelledValue(unheld, 0.0)],
+            ACTIVE: [LabelledValue(labels, 0.5), LabelledValue(unheld, 0.0)],
         }
     )
     by_instance = {r.instance: r for r in joined}
@@ -334,7 +335,7 @@ def test_instance_series_are_joined_by_their_labels() -> None:
 
 def instance_series(readings: list[InstanceReading]) -> dict[str, list[LabelledValue]]:
     """What the instance queries would answer for these readings."""
-    series: dict[str, list[LabelledValue]] = {ENERGY: [], POWER: [], "active": []}
+    series: dict[str, list[LabelledValue]] = {ENERGY: [], POWER: [], ACTIVE: []}
     for r in readings:
         labels = {
             "UUID": r.gpu,
@@ -345,7 +346,7 @@ def instance_series(readings: list[InstanceReading]) -> dict[str, list[LabelledV
         }
         series[ENERGY].append(LabelledValue(labels, (r.energy_joules or 0.0) * 1000))
         series[POWER].append(LabelledValue(labels, r.power_watts or 0.0))
-        series["active"].append(LabelledValue(labels, r.active or 0.0))
+        series[ACTIVE].append(LabelledValue(labels, r.active or 0.0))
     return series
 
 
@@ -359,6 +360,17 @@ def test_a_mig_pod_through_the_whole_window_readings() -> None:
     assert found.figures.kwh_per_1k_requests == pytest.approx(165 * WINDOW / 3.6e6 / 120 * 1000)
 
 
+def test_the_draw_is_split_as_the_energy_from_power_and_activity_alone() -> None:
+    """The ledger's draw is read without energy counters (`signals.queries.draw_queries`)."""
+    active = {"4": 0.5}
+    series = instance_series(gpu(active, {"4": "big"}, emulated_power(active)))
+    del series[ENERGY]
+    whole_gpu = {POWER: samples(a=400.0)}
+    serving = [pod("big", mig("mig-3g.40gb")), pod("a")]
+    assert draw_watts(history(whole_gpu, series), serving, CATALOG) == pytest.approx(165 + 400)
+    assert draw_watts(history({}, series), serving, CATALOG) is None  # a's draw is unknown
+
+
 def test_a_turn_reads_the_instance_series_of_its_own_gpus_only() -> None:
     """The window holds a series for every pod that held an instance in it, so where pods come
     and go they grow for as long as the window; every workload's turn reads those of the GPUs
@@ -368,7 +380,7 @@ def test_a_turn_reads_the_instance_series_of_its_own_gpus_only() -> None:
     window = history({}, instance_series(mine + gone))
     read = window.instances_of([("llm", "big")])
     assert {s.labels["UUID"] for series in read.values() for s in series} == {"GPU-1"}
-    assert [len(read[name]) for name in (ENERGY, POWER, "active")] == [len(mine)] * 3
+    assert [len(read[name]) for name in (ENERGY, POWER, ACTIVE)] == [len(mine)] * 3
     assert window.instances_of([("llm", "nobody")]) == {}
     signals = {REQUESTS: samples(big=120), OUTPUT_TOKENS: samples(big=12_000)}
     serving = [pod("big", mig("mig-3g.40gb"))]

@@ -10,19 +10,27 @@ from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
 from gpusizer.signals.health import failed_whole
 from gpusizer.signals.parse import PodSamples, Problem, Sample, merged
 from gpusizer.signals.queries import (
+    ACTIVE,
     GPU_UTIL,
     KV_CACHE,
     MAX_NAMED_PODS,
     MEMORY,
     MIG_UTIL,
     MOVE_MARGIN_SECONDS,
+    POWER,
     queue_signal,
 )
-from gpusizer.signals.reader import SnapshotReader, read_full, read_moved
+from gpusizer.signals.reader import (
+    DRAW_WINDOW_FLOOR_SECONDS,
+    HistoryCache,
+    SnapshotReader,
+    read_full,
+    read_moved,
+)
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
 
-from tests.fakes import TIMED_OUT, FakeMetrics
+from tests.fakes import TIMED_OUT, FakeMetrics, steps_taken
 
 NAN = Problem(Reason.INVALID_VALUE, "value nan is not finite")
 
@@ -413,3 +421,22 @@ def test_a_carried_pod_a_moved_read_answers_for_is_carried_no_longer() -> None:
     base = PodSamples(samples={a: Sample(50, 1), b: Sample(60, 7)}, carried=frozenset({a, b}))
     update = PodSamples(samples={a: Sample(90, 2)})
     assert merged(base, update).carried == {b}
+
+
+@pytest.mark.parametrize(("period", "window"), [(10, DRAW_WINDOW_FLOOR_SECONDS), (120, 120)])
+async def test_the_draw_is_read_alone_once_a_period_over_it_or_a_minute(
+    period: float, window: int
+) -> None:
+    metrics, clock = FakeMetrics(), [0.0]
+    cache = HistoryCache(metrics, period, clock=lambda: clock[0], wall=lambda: 1000 + clock[0])
+    assert (await cache.draw()).window_seconds == window
+    assert sorted(name for name, _ in metrics.asked) == [ACTIVE, POWER, POWER]
+    assert all(f"[{window}s]" in promql for _, promql in metrics.asked)
+    clock[0] = period - 1
+    await cache.draw()
+    assert len(metrics.asked) == 3, "read again within its period"
+    clock[0] = period + 1
+    await cache.draw()  # the reading before, while its refresh runs
+    await steps_taken()
+    assert (await cache.draw()).time == 1000 + period + 1
+    assert len(metrics.asked) == 6

@@ -158,8 +158,8 @@ HELD_COUNTERS: dict[str, str] = {
     HELD_GPU_SECONDS: "GPU-seconds the workload's pods held (a MIG slice as its share).",
     HELD_COST: "Cost of what the workload's pods held, in the GPU catalog's currency.",
     HELD_IDLE_JOULES: "Idle energy of what the workload's pods held, J (the catalog's power).",
-    ENERGY_JOULES: "GPU energy of the workload's serving pods, J: the draw measured over the "
-    "right-sizing window, for the time they held their GPUs.",
+    ENERGY_JOULES: "GPU energy of the workload's serving pods, J: their draw measured over the "
+    "last right-sizing period, for the time they held their GPUs.",
     TRACKED_SECONDS: "Seconds the operator followed the workload.",
 }
 # The savings ledger: used against static provisioning for the observed peak.

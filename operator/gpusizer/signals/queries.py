@@ -94,6 +94,7 @@ SERVED_COUNTERS: dict[Server, str] = {
 # repeated on every instance, so they are read per instance (`instance_queries`) and split.
 ENERGY = "energy"  # mJ over the window
 POWER = "power"  # W, mean over the window
+ACTIVE = "active"  # a MIG instance's mean GR_ENGINE_ACTIVE (0-1) over the window
 WHOLE_GPU = 'GPU_I_ID=""'
 MIG_INSTANCE = 'GPU_I_ID!=""'
 
@@ -300,8 +301,18 @@ def instance_queries(window_seconds: int) -> dict[str, str]:
     return {
         ENERGY: f"sum {by} (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{MIG_INSTANCE}}}{w}))",
         POWER: f"sum {by} (avg_over_time(DCGM_FI_DEV_POWER_USAGE{{{MIG_INSTANCE}}}{w}))",
-        "active": f"sum {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{MIG_INSTANCE}}}{w}))",
+        ACTIVE: f"sum {by} (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{MIG_INSTANCE}}}{w}))",
     }
+
+
+def draw_queries(window_seconds: int) -> tuple[dict[str, PodQuery], dict[str, str]]:
+    """The pods' GPU draw over a short window, for the savings ledger's energy: the power
+    queries of `history_queries` and `instance_queries` alone, and the instances' activity
+    that splits a MIG GPU's draw. The window's other queries are most of what its read costs
+    Prometheus (bench/README.md, "Issue 29: what an hour's history costs Prometheus")."""
+    pods = history_queries(window_seconds)
+    instances = instance_queries(window_seconds)
+    return {POWER: pods[POWER]}, {name: instances[name] for name in (POWER, ACTIVE)}
 
 
 # The operator's own series the savings ledger is read from (`gpusizer.ledger`): counters of

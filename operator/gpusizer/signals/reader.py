@@ -3,8 +3,9 @@ workload decides on, a user's own queue query, and measured use over a window.""
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 
 from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
 from gpusizer.ledger import WINDOWS, LedgerRow, ledger_rows
@@ -20,6 +21,7 @@ from gpusizer.signals.queries import (
     PodQuery,
     batched_signals,
     custom_queue_query,
+    draw_queries,
     full_read_queries,
     history_queries,
     instance_queries,
@@ -231,11 +233,20 @@ class SnapshotReader:
         return latest
 
 
+DRAW_WINDOW_FLOOR_SECONDS = 60
+"""The shortest window the GPUs' draw is read over: two samples at dcgm-exporter's default
+collection interval (30 s), whatever the right-sizing period."""
+
+
 class HistoryCache:
     """Measured use over a window for every pod, read at most once per `period_seconds` per
     window: right-sizing needs it far less often than the replica signals. Past its period
     the reading goes on being used until its refresh lands (its `time` says when it was
-    taken), so no turn waits for the window's read but the first."""
+    taken), so no turn waits for the window's read but the first.
+
+    The pods' draw, which the savings ledger multiplies by the seconds between turns, is read
+    on its own (`draw`) over the last period: the ledger needs a new pod's draw within a
+    period, and the recent draw, not the window's mean."""
 
     def __init__(
         self,
@@ -249,16 +260,32 @@ class HistoryCache:
         self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
             self._fetch, period_seconds, clock, serve_stale=True, what="the usage over a window"
         )
+        self._draw_window = max(DRAW_WINDOW_FLOOR_SECONDS, math.ceil(period_seconds))
+        self._draw: PeriodicCache[None, UsageHistory] = PeriodicCache(
+            self._fetch_draw, period_seconds, clock, serve_stale=True, what="the GPUs' draw"
+        )
 
     async def _fetch(self, window: int) -> UsageHistory:
+        return await self._read(window, history_queries(window), instance_queries(window))
+
+    async def _fetch_draw(self, _: None) -> UsageHistory:
+        return await self._read(self._draw_window, *draw_queries(self._draw_window))
+
+    async def _read(
+        self, window: int, pod_queries: Mapping[str, PodQuery], instances: Mapping[str, str]
+    ) -> UsageHistory:
         at = self._wall()
-        signals, errors = await self._source.per_pod_batch(history_queries(window))
-        instances, mig_errors = await self._source.series_batch(instance_queries(window))
+        signals, errors = await self._source.per_pod_batch(pod_queries)
+        found, mig_errors = await self._source.series_batch(instances)
         errors.update({f"mig_{name}": problem for name, problem in mig_errors.items()})
-        return UsageHistory(window, at, signals, errors, instances)
+        return UsageHistory(window, at, signals, errors, found)
 
     async def get(self, window: int) -> UsageHistory:
         return await self._cache.get(window)
+
+    async def draw(self) -> UsageHistory:
+        """The pods' GPU draw over the last period, or the floor's window if longer."""
+        return await self._draw.get(None)
 
 
 async def read_ledger(source: MetricsSource) -> tuple[list[LedgerRow], list[str]]:
