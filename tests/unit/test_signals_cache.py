@@ -133,3 +133,21 @@ async def test_without_serve_stale_a_caller_past_the_period_waits_for_the_refres
     assert not waiting.done()
     release.set()
     assert await waiting == "new"
+
+
+async def test_each_key_goes_stale_after_its_own_period() -> None:
+    clock = [0.0]
+    calls: list[int] = []
+
+    async def fetch(key: int) -> str:
+        calls.append(key)
+        return f"{key}@{clock[0]}"
+
+    cache: PeriodicCache[int, str] = PeriodicCache(fetch, lambda key: key, clock=lambda: clock[0])
+    assert await cache.get(10) == "10@0.0" and await cache.get(30) == "30@0.0"
+    clock[0] = 20.0
+    assert await cache.get(10) == "10@20.0"
+    assert await cache.get(30) == "30@0.0"
+    clock[0] = 31.0
+    assert await cache.get(30) == "30@31.0"
+    assert calls == [10, 30, 10, 30]

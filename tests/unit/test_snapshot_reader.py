@@ -440,3 +440,25 @@ async def test_the_draw_is_read_alone_once_a_period_over_it_or_a_minute(
     await steps_taken()
     assert (await cache.draw()).time == 1000 + period + 1
     assert len(metrics.asked) == 6
+
+
+async def test_a_window_is_read_again_once_it_moved_by_its_share_or_after_a_period() -> None:
+    metrics, clock = FakeMetrics(), [0.0]
+    cache = HistoryCache(metrics, 60, clock=lambda: clock[0], wall=lambda: 1000 + clock[0])
+
+    def reads(window: int) -> int:
+        return sum(name == "peak_memory" and f"[{window}s]" in q for name, q in metrics.asked)
+
+    async def read_at(moment: float, window: int) -> float:
+        clock[0] = moment
+        await cache.get(window)  # a stale reading starts its refresh
+        await steps_taken()
+        return (await cache.get(window)).time
+
+    assert await read_at(0, 3600) == 1000 and await read_at(0, 600) == 1000
+    # past the right-sizing period: the ten minutes' is read again, the hour's has moved by
+    # under 5 % of itself
+    assert await read_at(61, 600) == 1061 and await read_at(61, 3600) == 1000
+    assert await read_at(179, 3600) == 1000
+    assert await read_at(181, 3600) == 1181
+    assert (reads(600), reads(3600)) == (2, 2)

@@ -21,18 +21,24 @@ class PeriodicCache(Generic[K, V]):
     With `serve_stale`, a reading past its period is still returned while its refresh runs,
     and only a key never read waits for its fetch. A window read over every pod took seconds
     at thousands of workloads, and every turn that came during it waited for it
-    (bench/README.md, "the turns that waited")."""
+    (bench/README.md, "the turns that waited").
+
+    `fresh_seconds` is one period for every key, or each key's own."""
 
     def __init__(
         self,
         fetch: Callable[[K], Awaitable[V]],
-        fresh_seconds: float,
+        fresh_seconds: float | Callable[[K], float],
         clock: Callable[[], float] = time.monotonic,
         serve_stale: bool = False,
         what: str = "a shared reading",
     ) -> None:
         self._fetch = fetch
-        self._fresh = fresh_seconds
+        if callable(fresh_seconds):
+            self._fresh: Callable[[K], float] = fresh_seconds
+        else:
+            period = fresh_seconds
+            self._fresh = lambda _: period
         self._clock = clock
         self._serve_stale = serve_stale
         self._what = what  # for the log line of a refresh that failed
@@ -41,7 +47,7 @@ class PeriodicCache(Generic[K, V]):
 
     async def get(self, key: K) -> V:
         cached = self._latest.get(key)
-        if cached is not None and self._clock() - cached[0] < self._fresh:
+        if cached is not None and self._clock() - cached[0] < self._fresh(key):
             return cached[1]
         task = self._inflight.get(key)
         if task is None:

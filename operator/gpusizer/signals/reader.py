@@ -233,14 +233,29 @@ class SnapshotReader:
         return latest
 
 
+WINDOW_MOVE_SHARE = 0.05
+"""A window's use is read again once the window has moved by this share of itself (or after
+the right-sizing period, if longer): its range queries cost Prometheus in proportion to the
+window, and an hour's, read every minute at 10,000 pods, was the costliest read the operator
+made (bench/README.md, "Issue 29: what an hour's history costs Prometheus"). An hour's peak
+and mean move little in three minutes, and right-sizing moves a workload at most once an hour
+by default (`--reshape-min-interval`)."""
+
+
+def window_period(window_seconds: int, period_seconds: float) -> float:
+    """The time between two reads of the use over a window of `window_seconds`: the
+    right-sizing period (`period_seconds`), or WINDOW_MOVE_SHARE of the window if longer."""
+    return max(period_seconds, window_seconds * WINDOW_MOVE_SHARE)
+
+
 DRAW_WINDOW_FLOOR_SECONDS = 60
 """The shortest window the GPUs' draw is read over: two samples at dcgm-exporter's default
 collection interval (30 s), whatever the right-sizing period."""
 
 
 class HistoryCache:
-    """Measured use over a window for every pod, read at most once per `period_seconds` per
-    window: right-sizing needs it far less often than the replica signals. Past its period
+    """Measured use over a window for every pod, read at most once per `window_period` of
+    it: right-sizing needs it far less often than the replica signals. Past its period
     the reading goes on being used until its refresh lands (its `time` says when it was
     taken), so no turn waits for the window's read but the first.
 
@@ -258,7 +273,11 @@ class HistoryCache:
         self._source = source
         self._wall = wall  # when a window ends
         self._cache: PeriodicCache[int, UsageHistory] = PeriodicCache(
-            self._fetch, period_seconds, clock, serve_stale=True, what="the usage over a window"
+            self._fetch,
+            lambda window: window_period(window, period_seconds),
+            clock,
+            serve_stale=True,
+            what="the usage over a window",
         )
         self._draw_window = max(DRAW_WINDOW_FLOOR_SECONDS, math.ceil(period_seconds))
         self._draw: PeriodicCache[None, UsageHistory] = PeriodicCache(
