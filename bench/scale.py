@@ -5,9 +5,9 @@ Deployments of one GPU replica and their WorkloadSizings, waits until every repl
 every WorkloadSizing has been decided, then measures:
 
 - change-to-write latency: the load of a sample of workloads is raised in the emulator, one
-  after the other over the operator's right-sizing period (`--spread`), so that every phase of
-  its rhythm is sampled as often as it lasts: the scrapes, the reads, the full reads and the
-  reads over a window that come once a minute. One watch on the Deployments records when each
+  after the other over the period of the operator's read of their hour's use (`--spread`), so
+  that every phase of its rhythm is sampled as often as it lasts: the scrapes, the reads, the
+  full reads and the reads over a window. One watch on the Deployments records when each
   one's spec.replicas changes (p50, p95), split at the timestamp of the scrape that carried
   the change and at its landing in Prometheus;
 - cycle: the time to decide every workload once, N / (decisions per second), from the
@@ -51,6 +51,7 @@ from urllib3.exceptions import ProtocolError
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpusizer.api.v1alpha1 import RightSizingSpec  # noqa: E402
 from gpusizer.report.status import STATUS_REFRESHES_PER_SECOND  # noqa: E402
 from gpusizer.settings import (  # noqa: E402
     OperatorSettings,
@@ -58,6 +59,7 @@ from gpusizer.settings import (  # noqa: E402
     read_period_seconds,
 )
 from gpusizer.signals.queries import MOVE_FRACTION  # noqa: E402
+from gpusizer.signals.reader import window_period  # noqa: E402
 
 from e2e.tests.conftest import Cluster, run_script  # noqa: E402
 from e2e.tests.operator_support import (  # noqa: E402
@@ -758,9 +760,13 @@ def main() -> int:
     p.add_argument(
         "--spread",
         type=float,
-        default=OperatorSettings.rightsizing_period_seconds,  # the operator's default
-        help="seconds over which the samples' loads change (the operator's right-sizing period: "
-        "a shorter spread measures a slice of its rhythm; at least a scrape plus a read period)",
+        # how often the operator reads the workloads' use over their window (an hour)
+        default=window_period(
+            RightSizingSpec().history_seconds, OperatorSettings.rightsizing_period_seconds
+        ),
+        help="seconds over which the samples' loads change (how often the operator reads the "
+        "use over a window: a shorter spread measures a slice of its rhythm; at least a scrape "
+        "plus a read period)",
     )
     p.add_argument(
         "--window",
