@@ -90,9 +90,10 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rightsizing-period",
         type=float,
         default=float(_env("RIGHTSIZING_PERIOD", "60") or 60),
-        help="seconds between reads of GPU memory, and at least between the history queries "
-        "of right-sizing (a window is read again once it moved by 5 %% of itself, if that is "
-        "longer: every 3 minutes for an hour) [GPUSIZER_RIGHTSIZING_PERIOD]",
+        help="seconds between reads of GPU memory and of the GPUs' power (the savings "
+        "ledger's energy), and at least between the history queries of right-sizing (a window "
+        "is read again once it moved by 5 %% of itself, if that is longer: every 3 minutes for "
+        "an hour) [GPUSIZER_RIGHTSIZING_PERIOD]",
     )
     p.add_argument(
         "--reshape-deadline",
