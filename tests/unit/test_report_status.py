@@ -142,6 +142,28 @@ def test_a_reading_that_becomes_known_or_unknown_is_written_at_once() -> None:
     assert status_patch(lost, still_lost, T0 + 6, refresh_seconds=60) == {}
 
 
+def test_gpu_memory_that_becomes_known_or_unknown_waits_for_the_refresh() -> None:
+    """No decision reads it, and one query reads it for the whole fleet: when that query failed
+    twice in a row at 10,000 workloads, every status was rewritten at once, and again when it
+    answered."""
+
+    def observed(memory: float | None, at: float) -> dict[str, Any]:
+        reading = {"gpuUtilization": 70.0, "memoryPeakMiB": memory, "time": iso(at)}
+        return {**_status(4, 70.0, at), "observation": reading}
+
+    known, lost = observed(20000.0, T0), observed(None, T0 + 4)
+    unwritten = {**known, "observation": {"gpuUtilization": 70.0, "time": iso(T0)}}
+    for old, new in ((known, lost), (unwritten, observed(20000.0, T0 + 4))):
+        assert status_patch(old, new, T0 + 4, refresh_seconds=60) == {}
+    refreshed = status_patch(known, observed(None, T0 + 60), T0 + 60, refresh_seconds=60)
+    assert refreshed["observation"]["memoryPeakMiB"] is None
+    moved = {**lost, "currentReplicas": 5}
+    assert (
+        status_patch(known, moved, T0 + 4, refresh_seconds=60)["observation"]
+        == (lost["observation"])
+    )
+
+
 def test_nothing_changed_nothing_written() -> None:
     old = _status(2, 50.0, T0)
     assert status_patch(old, old, T0 + 3600, refresh_seconds=60) == {}

@@ -196,9 +196,10 @@ def status_patch(
     condition that keeps its status and reason move with every reading of the metrics
     (`_VOLATILE`); writing them each cycle would cost one
     PATCH per workload per cycle. They go out with any material change, or once the written
-    observation is `refresh_seconds` old. A reading that becomes known or unknown is material:
-    the observation would otherwise say "no utilisation" for up to a refresh period after the
-    first samples arrived (a turn that sets no observation leaves the written one as it is).
+    observation is `refresh_seconds` old. A reading a decision reads that becomes known or
+    unknown is material: the observation would otherwise say "no utilisation" for up to a
+    refresh period after the first samples arrived (a turn that sets no observation leaves the
+    written one as it is). GPU memory's is not (`_SHOWN_ONLY_READINGS`).
     `may_refresh` is asked only when a refresh is due, and may refuse."""
     old = old or {}
     changed = {key: value for key, value in new.items() if old.get(key) != value}
@@ -217,11 +218,24 @@ def status_patch(
     return {}
 
 
+# Readings of the observation no decision reads. One query reads each for the whole fleet, so
+# when it times out twice in a row, or answers again, the reading goes unknown or known for
+# every workload at once: written at once, that was a status PATCH per workload each way, and at
+# 10,000 workloads the wave kept the API server too busy for the reads to answer
+# (bench/README.md, "Issue 29: a wave of status writes").
+_SHOWN_ONLY_READINGS = frozenset({"memoryPeakMiB"})
+
+
 def _known_readings(observation: Any) -> frozenset[str]:
-    """The readings an observation has a value for (a merge patch drops the unknown ones)."""
+    """The readings a decision reads that an observation has a value for (a merge patch drops
+    the unknown ones)."""
     if not isinstance(observation, Mapping):
         return frozenset()
-    return frozenset(k for k, v in observation.items() if k != "time" and v is not None)
+    return frozenset(
+        k
+        for k, v in observation.items()
+        if k != "time" and k not in _SHOWN_ONLY_READINGS and v is not None
+    )
 
 
 def _without_messages(conditions: Any) -> list[Any]:
