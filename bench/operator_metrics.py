@@ -5,7 +5,9 @@ pods held, the ledger), so at 10,000 workloads a scrape is some 350,000 lines, r
 Python process that also decides every workload. This fills the operator's per-workload
 collector with N workloads as a running operator has them, then asks the operator's metrics
 app for /metrics as Prometheus 2.42 does (OpenMetrics preferred, gzip) and prints the CPU
-seconds of the answer, its size and the size of the text (medians of --repeat).
+seconds of the answer, its size and the size of the text (medians of --repeat), how much a
+scrape allocates at its peak (tracemalloc, one more scrape after the timed ones), and how far
+the scrapes raised the process's peak RSS above what the filled collector holds (`VmHWM`).
 
 Usage: python bench/operator_metrics.py [--sizes 1000,5000,10000] [--repeat 3]
                                         [--operator-path DIR]
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +65,17 @@ def measure(size: int, repeat: int, operator: Path) -> dict[str, Any]:
     }
     headers: dict[str, str] = {}
     cpu, sent = [], b""
+    filled = peak_rss_kib()
     for _ in range(repeat):
         started = time.process_time()
         sent = b"".join(app(environ, lambda status, h: headers.update(h)))
         cpu.append(time.process_time() - started)
+    raised = peak_rss_kib() - filled
+    tracemalloc.start()
+    for _ in app(environ, lambda status, h: None):
+        pass
+    allocated = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
     return {
         "size": size,
         "served_by": served_by,
@@ -73,7 +83,17 @@ def measure(size: int, repeat: int, operator: Path) -> dict[str, Any]:
         "cpu_s": round(statistics.median(cpu), 3),
         "gzip_mib": round(len(sent) / 2**20, 2),
         "text_mib": round(len(gzip.decompress(sent)) / 2**20, 1),
+        "allocated_mib": round(allocated / 2**20, 1),
+        "peak_rss_raised_mib": round(raised / 1024, 1),
     }
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set (`VmHWM`), KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def fill(metrics: Any, condition: Any, size: int) -> None:
@@ -114,7 +134,10 @@ def main() -> None:
         print(json.dumps(measure(args.one, args.repeat, args.operator_path)))
         return
     print(f"{cpu_model()}, Python {platform.python_version()}; operator {args.operator_path}")
-    print(f"{'workloads':>9} {'served by':<32} {'CPU s':>6} {'gzip MiB':>8} {'text MiB':>8}  type")
+    print(
+        f"{'workloads':>9} {'served by':<32} {'CPU s':>6} {'gzip MiB':>8} {'text MiB':>8} "
+        f"{'alloc MiB':>9} {'RSS+ MiB':>8}  type"
+    )
     for size in (int(s) for s in args.sizes.split(",")):
         one = [sys.executable, __file__, "--one", str(size), "--repeat", str(args.repeat)]
         out = subprocess.run(
@@ -126,7 +149,8 @@ def main() -> None:
         row = json.loads(out)
         print(
             f"{size:>9} {row['served_by']:<32} {row['cpu_s']:>6.2f} {row['gzip_mib']:>8.2f} "
-            f"{row['text_mib']:>8.1f}  {row['content_type']}"
+            f"{row['text_mib']:>8.1f} {row['allocated_mib']:>9.1f} "
+            f"{row['peak_rss_raised_mib']:>8.1f}  {row['content_type']}"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterator
 
+import pytest
 import requests
 from gpusizer.api.v1alpha1 import Condition
 from gpusizer.report import metrics, scrape
@@ -90,32 +91,29 @@ def test_a_deleted_workload_leaves_no_series_not_even_its_counters() -> None:
     assert ("gpusizer_decisions_total", (("reason", "ScaleUp"),)) in scraped("kept-a")
 
 
-def test_a_workloads_series_copy_keeps_every_field_and_shares_no_dict() -> None:
-    """The copy is built field by field: a field added to WorkloadSeries and not to `copy`
-    would be lost from every scrape."""
-    original = metrics.WorkloadSeries(
-        desired=3,
-        current=2,
-        metrics_known=True,
-        decisions={"ScaleUp": 1},
-        scale_writes={"ok": 2},
-        reconcile_errors=4,
-        conditions={"Ready": ("True", "Decided")},
-        gauges={"gpusizer_held_gpus": 1.5},
-        accounted={"gpusizer_held_gpu_seconds": 3.0},
-        ledger={("gpusizer_ledger_cost", "24h", "used"): 1.0},
+def test_an_update_replaces_the_dicts_a_scrape_may_be_reading() -> None:
+    """A scrape reads the series without the lock: an update that changed a dict in place
+    while a scrape iterated it would end that scrape ("dictionary changed size")."""
+    collector = metrics.WorkloadCollector()
+    updates = (
+        lambda: collector.decided("ns", "w", "ScaleUp", desired=2, current=1, known=True),
+        lambda: collector.scale_written("ns", "w", "ok"),
+        lambda: collector.set_conditions("ns", "w", [ready("True", "Acting")]),
+        lambda: collector.gauges("ns", "w", {"gpusizer_held_gpus": 1.5}),
+        lambda: collector.account("ns", "w", {"gpusizer_held_gpu_seconds": 3.0}),
+        lambda: collector.ledger("ns", "w", {("gpusizer_ledger_cost", "24h", "used"): 1.0}),
     )
-    for name in metrics.WorkloadSeries.__dataclass_fields__:
-        default = metrics.WorkloadSeries()
-        assert getattr(original, name) != getattr(default, name), f"{name} is set here"
-    copied = original.copy()
-    assert copied == original
-    assert copied.decisions is not original.decisions
-    assert copied.scale_writes is not original.scale_writes
-    assert copied.conditions is not original.conditions
-    assert copied.gauges is not original.gauges
-    assert copied.accounted is not original.accounted
-    assert copied.ledger is not original.ledger
+    for update in updates:
+        update()
+    series = collector._series[("ns", "w")]
+    fields = ("decisions", "scale_writes", "conditions", "gauges", "accounted", "ledger")
+    published = {name: getattr(series, name) for name in fields}
+    as_they_were = {name: dict(value) for name, value in published.items()}
+    for update in updates:
+        update()
+    collector.gauges("ns", "w", {"gpusizer_held_gpus": None})
+    assert {name: dict(value) for name, value in published.items()} == as_they_were
+    assert all(getattr(series, name) is not published[name] for name in fields)
 
 
 def test_what_a_result_costs_what_the_pods_held_and_the_ledger() -> None:
@@ -160,9 +158,16 @@ class Reference(Collector):
             yield built
 
 
-def test_the_exposition_is_byte_for_byte_what_generate_latest_writes() -> None:
+@pytest.mark.parametrize(
+    ("chunk_lines", "split"), [(metrics.CHUNK_LINES, False), (1, True), (2, True)]
+)
+def test_the_exposition_is_byte_for_byte_what_generate_latest_writes(
+    chunk_lines: int, split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Label order (by name, so `basis` before `name`), counters' `_total`, values as Go prints
-    them (exponents past a million, integers as floats), escaped label values."""
+    them (exponents past a million, integers as floats), escaped label values; in chunks of
+    any size, a family's lines split among them."""
+    monkeypatch.setattr(metrics, "CHUNK_LINES", chunk_lines)
     collector = metrics.WorkloadCollector()
     collector.decided("team-a", "chat", "ScaleUp", desired=3, current=1, known=True)
     collector.decided("team-a", "chat", "Hold", desired=3, current=3, known=True)
@@ -180,10 +185,13 @@ def test_the_exposition_is_byte_for_byte_what_generate_latest_writes() -> None:
     )
     collector.decided("team-b", "embed", "Hold", desired=1, current=1, known=False)
     collector.gauges("team-b", "embed", {"gpusizer_cost_per_1k_requests": float("inf")})
+    collector.decided('team-"c"', "a\\b", "Hold", desired=2, current=2, known=True)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # as the operator runs
     reference = CollectorRegistry()
     reference.register(Reference(collector))
-    assert b"".join(collector.exposition()) == generate_latest(reference)
+    chunks = list(collector.exposition())
+    assert b"".join(chunks) == generate_latest(reference)
+    assert (len(chunks) > len(metrics.WORKLOAD_FAMILIES)) == split, len(chunks)
 
 
 def test_a_scrape_gets_the_exposition_gzipped_when_asked_and_only_by_get() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -114,23 +115,6 @@ class WorkloadSeries:
     accounted: dict[str, float] = field(default_factory=dict)  # HELD_COUNTERS
     ledger: dict[tuple[str, str, str], float] = field(default_factory=dict)  # see `ledger`
 
-    def copy(self) -> WorkloadSeries:
-        """The scalars as they are, the dicts copied: a scrape reads them outside the lock.
-        Built field by field: `dataclasses.replace` was most of a scrape at 5,000 workloads
-        (bench/README.md)."""
-        return WorkloadSeries(
-            desired=self.desired,
-            current=self.current,
-            metrics_known=self.metrics_known,
-            decisions=dict(self.decisions),
-            scale_writes=dict(self.scale_writes),
-            reconcile_errors=self.reconcile_errors,
-            conditions=dict(self.conditions),
-            gauges=dict(self.gauges),
-            accounted=dict(self.accounted),
-            ledger=dict(self.ledger),
-        )
-
 
 # What a result costs, measured over the right-sizing window (status.efficiency).
 EFFICIENCY_GAUGES: dict[str, str] = {
@@ -173,7 +157,10 @@ LEDGER_GAUGES: dict[str, str] = {
 
 class WorkloadCollector:
     """The per-WorkloadSizing series, written from plain records when scraped. Updates come from
-    the event loop and scrapes from the HTTP server's thread, hence the lock."""
+    the event loop and scrapes from the HTTP server's thread, hence the lock. An update
+    replaces the dicts of a workload's series it changes, never changes one in place, so a
+    scrape takes the list of workloads under the lock and reads their series without it: no
+    copy of them, and no wait for the decisions' updates while the scrape writes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -184,13 +171,13 @@ class WorkloadCollector:
     ) -> None:
         with self._lock:
             series = self._of(namespace, name)
-            series.decisions[reason] = series.decisions.get(reason, 0) + 1
+            series.decisions = _counted(series.decisions, reason)
             series.desired, series.current, series.metrics_known = desired, current, known
 
     def scale_written(self, namespace: str, name: str, result: str) -> None:
         with self._lock:
-            writes = self._of(namespace, name).scale_writes
-            writes[result] = writes.get(result, 0) + 1
+            series = self._of(namespace, name)
+            series.scale_writes = _counted(series.scale_writes, result)
 
     def reconcile_failed(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -199,26 +186,32 @@ class WorkloadCollector:
     def set_conditions(self, namespace: str, name: str, conditions: Iterable[Condition]) -> None:
         """One series per condition type, following its status and reason."""
         with self._lock:
-            shown = self._of(namespace, name).conditions
+            series = self._of(namespace, name)
+            shown = dict(series.conditions)
             for condition in conditions:
                 shown[condition.type] = (condition.status, condition.reason)
+            series.conditions = shown
 
     def gauges(self, namespace: str, name: str, values: Mapping[str, float | None]) -> None:
         """Set EFFICIENCY_GAUGES and HELD_GAUGES; None drops the series (unknown)."""
         with self._lock:
-            shown = self._of(namespace, name).gauges
+            series = self._of(namespace, name)
+            shown = dict(series.gauges)
             for key, value in values.items():
                 if value is None:
                     shown.pop(key, None)
                 else:
                     shown[key] = value
+            series.gauges = shown
 
     def account(self, namespace: str, name: str, increments: Mapping[str, float]) -> None:
         """Add to HELD_COUNTERS."""
         with self._lock:
-            counted = self._of(namespace, name).accounted
+            series = self._of(namespace, name)
+            counted = dict(series.accounted)
             for key, value in increments.items():
                 counted[key] = counted.get(key, 0.0) + max(0.0, value)
+            series.accounted = counted
 
     def ledger(
         self, namespace: str, name: str, values: Mapping[tuple[str, str, str], float]
@@ -240,19 +233,25 @@ class WorkloadCollector:
         return series
 
     def exposition(self) -> Iterator[bytes]:
-        """Every per-workload family in the text format (0.0.4), one chunk per family, as
-        prometheus_client's `generate_latest` writes it (tests/unit/test_report_metrics.py
-        holds it to that). Written here, not through prometheus_client's families: a Sample
-        and a label dict per series, validated and escaped one by one, took seconds of CPU a
-        scrape at 10,000 workloads, in a thread that shares the interpreter with every
-        decision (bench/README.md, "Issue 29: the operator's own /metrics"). The series are
-        copied under the lock and written outside it, a family at a time, so a scrape holds
-        one family's text besides what it has sent."""
+        """Every per-workload family in the text format (0.0.4), as prometheus_client's
+        `generate_latest` writes it (tests/unit/test_report_metrics.py holds it to that).
+        Written here, not through prometheus_client's families: a Sample and a label dict per
+        series, validated and escaped one by one, took seconds of CPU a scrape at 10,000
+        workloads, in a thread that shares the interpreter with every decision (bench/README.md,
+        "Issue 29: the operator's own /metrics"). Written a family at a time, in chunks of
+        CHUNK_LINES lines, from the series as they stand (see the class): a copy of every
+        workload's series taken first was most of what a scrape allocated (bench/README.md,
+        "Issue 29: a wave of status writes; a scrape's memory")."""
         with self._lock:
-            copies = [(key, series.copy()) for key, series in self._series.items()]
-        escaped = [((_escape(namespace), _escape(name)), s) for (namespace, name), s in copies]
+            workloads = list(self._series.items())
+        escaped = [((_escape(namespace), _escape(name)), s) for (namespace, name), s in workloads]
         for family in WORKLOAD_FAMILIES:
-            yield _text(family, escaped).encode()
+            yield from _text(family, escaped)
+
+
+def _counted(counts: Mapping[str, int], key: str) -> dict[str, int]:
+    """`counts` with one more `key`, as a new dict (see `WorkloadCollector`)."""
+    return {**counts, key: counts.get(key, 0) + 1}
 
 
 # A family's samples of one workload: the label values past namespace and name, and the value.
@@ -272,9 +271,15 @@ class Family(NamedTuple):
         return f"{self.name}_total" if self.kind == "counter" else self.name
 
 
-def _text(family: Family, copies: Iterable[tuple[tuple[str, str], WorkloadSeries]]) -> str:
-    """The labels in the order of their names and each value as Go prints it: what
-    `generate_latest` writes. `copies` are keyed by escaped names."""
+CHUNK_LINES = 1000
+"""Lines of a family sent at once: about 100 KiB of text."""
+
+
+def _text(
+    family: Family, workloads: Iterable[tuple[tuple[str, str], WorkloadSeries]]
+) -> Iterator[bytes]:
+    """The family's lines, labels in the order of their names and each value as Go prints it:
+    what `generate_latest` writes. `workloads` are keyed by escaped names."""
     name = family.exposed
     names = ("namespace", "name", *family.labels)
     order = sorted(range(len(names)), key=names.__getitem__)
@@ -282,16 +287,26 @@ def _text(family: Family, copies: Iterable[tuple[tuple[str, str], WorkloadSeries
     line = name + "{" + ",".join(f'{names[i]}="%s"' for i in order) + "} %s\n"
     doc = family.help.replace("\\", r"\\").replace("\n", r"\n")
     lines = [f"# HELP {name} {doc}\n# TYPE {name} {family.kind}\n"]
-    for key, series in copies:
+    for key, series in workloads:
         for extra, value in family.samples(series):
-            labels = in_order((*key, *map(_escape, extra)))
+            labels = in_order((*key, *map(_escape_label, extra)))
             go_value = floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped upstream
             lines.append(line % (*labels, go_value))
-    return "".join(lines)
+        if len(lines) >= CHUNK_LINES:
+            yield "".join(lines).encode()
+            lines.clear()
+    yield "".join(lines).encode()
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+@functools.lru_cache(maxsize=1024)
+def _escape_label(value: str) -> str:
+    """`_escape` of a label past namespace and name: reasons, results, condition types and
+    windows, a few dozen values that recur on every workload's lines."""
+    return _escape(value)
 
 
 def _decided(value: Callable[[WorkloadSeries], float]) -> Samples:
