@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from gpusizer.catalog import Catalog, Slice
 from gpusizer.signals.parse import LabelledValue, PodKey, PodSamples, pod_key
@@ -102,6 +102,12 @@ class Figures:
             if per_hour is None or not cost
             else per_hour / cost,
         )
+
+    def as_dict(self) -> dict[str, float | None]:
+        """The figures by field name. Not `dataclasses.asdict`, which deep-copies each value:
+        a turn asks twice, and that copy was half of what its status fields cost
+        (bench/README.md, "Issue 29: a wave of status writes; a scrape's memory")."""
+        return dict(vars(self))
 
 
 @dataclass(frozen=True)
@@ -421,4 +427,4 @@ def rounded(figures: Figures, digits: int = 4) -> Figures:
             return value
         return round(value, digits - 1 - math.floor(math.log10(abs(value))))
 
-    return Figures(**{name: significant(value) for name, value in asdict(figures).items()})
+    return Figures(**{name: significant(value) for name, value in figures.as_dict().items()})

@@ -12,7 +12,7 @@ in-process `ThroughputBook`, which every turn fills from its workload's status.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusizer.actuate.target_view import TargetView
@@ -81,7 +81,7 @@ class Measured:
         if found is not None and self.time is not None:
             figures = rounded(found.figures)
             fields["efficiency"] = api.Efficiency(
-                **asdict(figures),
+                **figures.as_dict(),
                 window_seconds=found.window_seconds,
                 requests=_significant(found.requests),
                 output_tokens=_significant(found.output_tokens),

@@ -128,7 +128,7 @@ def _learned(items: Sequence[Mapping[str, Any]]) -> ThroughputBook:
 
 
 def _per_result(figures: Figures | None) -> dict[str, float | None]:
-    return {} if figures is None else asdict(figures)
+    return {} if figures is None else figures.as_dict()
 
 
 def _list_cluster(api_client: k8s.ApiClient) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
