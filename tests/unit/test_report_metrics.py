@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import requests
@@ -95,7 +95,7 @@ def test_an_update_replaces_the_dicts_a_scrape_may_be_reading() -> None:
     """A scrape reads the series without the lock: an update that changed a dict in place
     while a scrape iterated it would end that scrape ("dictionary changed size")."""
     collector = metrics.WorkloadCollector()
-    updates = (
+    updates: tuple[Callable[[], None], ...] = (
         lambda: collector.decided("ns", "w", "ScaleUp", desired=2, current=1, known=True),
         lambda: collector.scale_written("ns", "w", "ok"),
         lambda: collector.set_conditions("ns", "w", [ready("True", "Acting")]),
@@ -106,8 +106,9 @@ def test_an_update_replaces_the_dicts_a_scrape_may_be_reading() -> None:
     for update in updates:
         update()
     series = collector._series[("ns", "w")]
-    fields = ("decisions", "scale_writes", "conditions", "gauges", "accounted", "ledger")
+    fields = [n for n in metrics.WorkloadSeries.__slots__ if isinstance(getattr(series, n), dict)]
     published = {name: getattr(series, name) for name in fields}
+    assert all(published.values()), "every dict of the series is set by an update above"
     as_they_were = {name: dict(value) for name, value in published.items()}
     for update in updates:
         update()
