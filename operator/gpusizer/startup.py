@@ -254,8 +254,8 @@ def start(
     autoscalers: PeriodicCache[None, Mapping[TargetKey, str]] = PeriodicCache(
         lambda _: lister.list(), config.once_per_sync_period
     )
-    # every signal for every pod once per sync period (memory once per right-sizing period);
-    # in between, the pods that moved
+    # every signal for every pod once per sync period (memory once per right-sizing period, on
+    # a lane no read waits for); in between, the pods that moved
     reader = SnapshotReader(
         prometheus,
         Server,

@@ -29,7 +29,7 @@ from gpusizer.signals.queries import (
     queue_signal,
     request_rate_signal,
 )
-from gpusizer.signals.reader import read_full, read_ledger, read_moved
+from gpusizer.signals.reader import carrying, read_full, read_ledger, read_moved, read_slow
 from gpusizer.vocabulary import Reason
 
 from tests.integration.conftest import Exporter
@@ -126,6 +126,34 @@ async def test_known_values_both_hostname_spellings(
     assert got.signals.gpu_utilization == pytest.approx((70 + 40) / 2)
     assert got.signals.queue_total == 8
     assert got.sample_age_seconds is not None and got.sample_age_seconds < 10
+
+
+def memory_used(pod: str, mib: str, gpu: int = 0) -> str:
+    labels = BASE.format(gpu=gpu, pod=pod)
+    tail = 'Hostname="gpu-a",container="vllm",namespace="llm"'
+    return f'DCGM_FI_DEV_FB_USED{{{labels},{tail},pod="{pod}"}} {mib}\n'
+
+
+async def test_gpu_memory_is_read_apart_from_the_decisions_read(
+    prometheus: str, exporter: Exporter
+) -> None:
+    """The full read the decisions wait for does not ask for GPU memory; its own lane does,
+    and the full read carries it into each workload's signals (the highest of a pod's GPUs)."""
+    exporter.set(
+        whole("a", "80")
+        + whole("a", "60", gpu=1)
+        + memory_used("a", "24000")
+        + memory_used("a", "30500", gpu=1)
+        + queue("a", "3")
+    )
+    source = PrometheusSource(PrometheusSettings(url=prometheus, timeout_seconds=5))
+    full = await read_full(source, [SPEC.metrics.server])
+    assert MEMORY not in full.signals and MEMORY not in full.errors
+    slow = await read_slow(source, [SPEC.metrics.server])
+    got = workload_signals(SPEC, pods("a"), carrying(full, slow), time.time())
+    assert got.problems == ()
+    assert got.memory_peak_mib == 30500
+    assert got.signals.gpu_utilization == pytest.approx(70)
 
 
 async def test_exported_labels(prometheus: str, exporter: Exporter) -> None:

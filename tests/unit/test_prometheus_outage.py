@@ -648,9 +648,18 @@ async def test_the_first_turns_after_taking_over_know_the_predecessors_outage(
 async def test_a_cycle_read_while_this_replica_took_over_carries_its_predecessors_outage() -> None:
     """The Lease can change hands between a read and its cycle's publication (while the list
     of other autoscalers is awaited): the cycle says what is known when it is handed out."""
-    health = PrometheusHealth()
+    read = asyncio.Event()
+
+    class Observing(PrometheusHealth):
+        def observe(self, snapshot: Snapshot) -> PrometheusState:
+            state = super().observe(snapshot)
+            read.set()
+            return state
+
+    health = Observing()
 
     async def taking_over_meanwhile() -> dict[Any, str]:
+        await read.wait()  # the list lands after the read
         health.inherit(((NOW - 300, None),), "replica-a")
         return {}
 

@@ -3,7 +3,10 @@ that moved in between, merged into it."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pytest
 from gpusizer.api.v1alpha1 import MAX_SAMPLE_AGE_SECONDS, Server
@@ -18,6 +21,7 @@ from gpusizer.signals.queries import (
     MIG_UTIL,
     MOVE_MARGIN_SECONDS,
     POWER,
+    PodQuery,
     queue_signal,
 )
 from gpusizer.signals.reader import (
@@ -26,6 +30,7 @@ from gpusizer.signals.reader import (
     SnapshotReader,
     read_full,
     read_moved,
+    read_slow,
 )
 from gpusizer.signals.snapshot import Snapshot
 from gpusizer.vocabulary import Reason
@@ -350,26 +355,68 @@ async def test_memory_unanswered_is_held_for_one_read_of_it() -> None:
     it: one timeout must not take every workload's reading away and back. Nothing ages it, so
     a second failure in a row says it."""
     memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)}, read_at=1000.0)
-    metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
-    reader = SnapshotReader(metrics, Server, 5, monotonic=lambda: 0.0)
-    first = await reader.read()
+    metrics = FakeMetrics(answers={MEMORY: memory})
+    first = await read_slow(metrics, Server)
     metrics.answers[MEMORY] = TIMED_OUT
-    second = await read_full(metrics, Server, last=first)
+    second = await read_slow(metrics, Server, last=first)
     held = second.signals[MEMORY]
     assert MEMORY not in second.errors
     assert held.samples == memory.samples and held.read_at == 1000.0 and held.held == TIMED_OUT
-    third = await read_full(metrics, Server, last=second)
+    third = await read_slow(metrics, Server, last=second)
     assert third.errors[MEMORY] == TIMED_OUT and MEMORY not in third.signals
 
 
 async def test_memory_refused_is_not_held() -> None:
     memory = PodSamples(samples={("ns", "a"): Sample(9000, 1)}, read_at=1000.0)
-    metrics = FakeMetrics(answers={GPU_UTIL: PodSamples(), MEMORY: memory})
-    first = await read_full(metrics, Server)
+    metrics = FakeMetrics(answers={MEMORY: memory})
+    first = await read_slow(metrics, Server)
     refused = Problem(Reason.QUERY_ERROR, "HTTP Status Code 400: bad_data")
     metrics.answers[MEMORY] = refused
-    second = await read_full(metrics, Server, last=first)
+    second = await read_slow(metrics, Server, last=first)
     assert second.errors[MEMORY] == refused and MEMORY not in second.signals
+
+
+@dataclass
+class MemoryThatWaits(FakeMetrics):
+    """A Prometheus whose answer to the GPU memory query waits for `answer` to be set."""
+
+    answer: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def per_pod_batch(
+        self, wanted: Mapping[str, PodQuery]
+    ) -> tuple[dict[str, PodSamples], dict[str, Problem]]:
+        if MEMORY in wanted:
+            await self.answer.wait()
+        return await super().per_pod_batch(wanted)
+
+
+async def test_a_full_read_does_not_wait_for_a_memory_read_in_flight() -> None:
+    """At 10,000 workloads the memory query timed out at 10 s most minutes, and the full read
+    that sent it waited as long: it is read on its own lane, and a full read carries the
+    latest answer while the next is awaited."""
+    now = [0.0]
+    before = PodSamples(samples={("ns", "a"): Sample(9000, 1)})
+    after = PodSamples(samples={("ns", "a"): Sample(12000, 1)})
+    metrics = MemoryThatWaits(answers={GPU_UTIL: PodSamples(), MEMORY: before})
+    metrics.answer.set()
+    reader = SnapshotReader(metrics, Server, 5, slow_every_seconds=60, monotonic=lambda: now[0])
+    assert (await reader.read()).signals[MEMORY] is before  # the first is waited for
+    metrics.answer.clear()
+    metrics.answers[MEMORY] = after
+    now[0] = 60.0
+    async with asyncio.timeout(5):  # fails, rather than hangs, if the full read waits
+        due = await reader.read()
+    assert due.signals[MEMORY] is before and MEMORY in due.carried
+    assert [signal for signal, _ in metrics.asked].count(GPU_UTIL) == 2
+    metrics.answer.set()
+    async with asyncio.timeout(5):
+        landed = due
+        while landed.signals[MEMORY] is before:  # a full read every 5 s carries it once landed
+            await steps_taken()
+            now[0] += 5
+            landed = await reader.read()
+    assert landed.signals[MEMORY] is after
+    assert [signal for signal, _ in metrics.asked].count(MEMORY) == 2
 
 
 async def test_a_pod_an_answer_leaves_out_keeps_its_last_sample_aged_since() -> None:

@@ -3,6 +3,7 @@ workload decides on, a user's own queue query, and measured use over a window.""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Set
@@ -38,54 +39,83 @@ from gpusizer.vocabulary import Reason
 async def read_full(
     source: MetricsSource,
     servers: Iterable[Server],
-    slow_from: Snapshot | None = None,
     last: Snapshot | None = None,
     wall: Callable[[], float] = time.time,
     optional: Set[str] = OPTIONAL_SIGNALS,
 ) -> Snapshot:
-    """Every signal for every pod (of OPTIONAL_SIGNALS, those in `optional`): a constant
-    number of queries, whatever the workload count. With `slow_from`, the signals that size
-    slices rather than replicas (SLOW_SIGNALS) are taken from it instead of read again. With
-    `last`, a replica signal whose query went unanswered while others answered keeps `last`'s
-    samples (`_held`)."""
-    queries = full_read_queries(servers, optional)
-    if slow_from is not None:
-        queries = {name: q for name, q in queries.items() if name not in SLOW_SIGNALS}
+    """Every signal for every pod (of OPTIONAL_SIGNALS, those in `optional`) but those that
+    size slices (SLOW_SIGNALS, `read_slow`): a constant number of queries, whatever the
+    workload count. With `last`, a replica signal whose query went unanswered while others
+    answered keeps `last`'s samples (`_held`)."""
+    queries = {
+        name: query
+        for name, query in full_read_queries(servers, optional).items()
+        if name not in SLOW_SIGNALS
+    }
     snap = Snapshot(time=wall())
     snap.signals, snap.errors = await source.per_pod_batch(queries)
     if last is not None and snap.signals:
-        _held(snap, last)
+        _held(snap, last, REPLICA_SIGNALS, again=True)
         _carried(snap, last)
-    if slow_from is not None:
-        for name in SLOW_SIGNALS:
-            if name in slow_from.signals:
-                snap.signals[name] = slow_from.signals[name]
-            if name in slow_from.errors:
-                snap.errors[name] = slow_from.errors[name]
-        snap.carried = SLOW_SIGNALS
     return snap
 
 
-def _held(snap: Snapshot, last: Snapshot) -> None:
-    """A replica signal whose query timed out or found no Prometheus, in a read whose other
-    queries answered, keeps the samples `last` had, marked with the failure: each workload
-    decides on them while they are fresh (its maxSampleAgeSeconds, signals.join) and says the
+def carrying(full: Snapshot, slow: Snapshot) -> Snapshot:
+    """A full read with the slow lane's latest answer (`read_slow`) in it, marked as carried:
+    what it holds answered nothing at this read (signals.health)."""
+    full.signals.update(slow.signals)
+    full.errors.update(slow.errors)
+    full.carried = frozenset(slow.signals.keys() | slow.errors.keys())
+    return full
+
+
+async def read_slow(
+    source: MetricsSource,
+    servers: Iterable[Server],
+    last: Snapshot | None = None,
+    wall: Callable[[], float] = time.time,
+) -> Snapshot:
+    """The signals that size slices and not replicas (SLOW_SIGNALS), for every pod, apart
+    from the full read: at 10,000 workloads the GPU memory query timed out at 10 s most
+    minutes, and the full read that carried it waited for it, the decisions of every workload
+    with it (bench/README.md, "Issue 29: GPU memory on a lane of its own").
+
+    With `last`, a query that timed out or found no Prometheus keeps `last`'s answer, marked
+    why, for one read and not more: nothing ages it (it is only a status reading), and its
+    query timing out once at 10,000 workloads took the reading away from every workload and
+    gave it back a slow period later, two status writes each (bench/README.md, "Issue 29: a
+    memory read that timed out")."""
+    queries = {
+        name: query
+        for name, query in full_read_queries(servers, frozenset()).items()
+        if name in SLOW_SIGNALS
+    }
+    snap = Snapshot(time=wall())
+    snap.signals, snap.errors = await source.per_pod_batch(queries)
+    if last is not None:
+        _held(snap, last, SLOW_SIGNALS, again=False)
+        _carried(snap, last)
+    return snap
+
+
+def _held(snap: Snapshot, last: Snapshot, signals: Set[str], again: bool) -> None:
+    """Of `signals`, one whose query timed out or found no Prometheus keeps the samples `last`
+    had, marked with the failure; one `last` held already is held `again` or not.
+
+    A replica signal is held while the rest of its read answered: each workload decides on
+    its samples while they are fresh (its maxSampleAgeSeconds, signals.join) and says the
     failure after. A Prometheus too busy to answer one query of a read at 10,000 workloads made
     every workload say its metrics lost and back, an Event and a status write each way, which
     kept it too busy (bench/README.md, "Issue 29"); a failure that outlasts the samples is said
     as slowly as an outage (report.turn). A read in which every query failed holds nothing:
-    that is an outage (signals.health), and a query Prometheus refuses is said at once.
-
-    GPU memory (SLOW_SIGNALS) is held for one failed read of it, not more: nothing ages it (it
-    is only a status reading), and its query timing out once at 10,000 workloads took the
-    reading away from every workload and gave it back a slow period later, two status writes
-    each (bench/README.md, "Issue 29: a memory read that timed out")."""
+    that is an outage (signals.health), and a query Prometheus refuses is said at once."""
     for name, problem in list(snap.errors.items()):
         kept = last.signals.get(name)
         if (
             problem.reason is Reason.PROMETHEUS_UNREACHABLE
+            and name in signals
             and kept is not None
-            and (name in REPLICA_SIGNALS or (name in SLOW_SIGNALS and kept.held is None))
+            and (again or kept.held is None)
         ):
             since = snap.time if kept.held_since is None else kept.held_since
             snap.signals[name] = PodSamples(
@@ -185,7 +215,9 @@ class SnapshotReader:
     """What each read of the cycle clock asks Prometheus: every signal for every pod once per
     `full_every_seconds` (a sync period), and in between only the pods whose utilisation or
     queue moved since the read before, merged into the latest read. GPU memory, which sizes
-    slices and not replicas, is read once per `slow_every_seconds` (right-sizing's period).
+    slices and not replicas, is read once per `slow_every_seconds` (right-sizing's period) on
+    its own lane (`read_slow`): a full read carries its latest answer and waits only for the
+    first.
 
     A full read returns a few series per pod and signal; the moves are a few series, so a load
     change is seen within a read period of its scrape for about the Prometheus work of one
@@ -205,11 +237,18 @@ class SnapshotReader:
         self._source = source
         self._servers = tuple(servers)
         self._full_every = full_every_seconds
-        self._slow_every = slow_every_seconds
         self._monotonic = monotonic
         self._latest: Snapshot | None = None
-        self._full_at = self._read_at = self._slow_at = 0.0
+        self._full_at = self._read_at = 0.0
+        self._slow_latest: Snapshot | None = None
+        self._slow: PeriodicCache[None, Snapshot] = PeriodicCache(
+            self._read_slow, slow_every_seconds, monotonic, serve_stale=True, what="GPU memory"
+        )
         self.optional: Callable[[], Set[str]] = lambda: OPTIONAL_SIGNALS
+
+    async def _read_slow(self, _: None) -> Snapshot:
+        self._slow_latest = await read_slow(self._source, self._servers, self._slow_latest)
+        return self._slow_latest
 
     async def read(self) -> Snapshot:
         latest, now, optional = self._latest, self._monotonic(), self.optional()
@@ -221,12 +260,12 @@ class SnapshotReader:
             or not latest.asked_for(optional)
         ):
             self._full_at = now
-            slow_from = latest
-            if latest is None or now - self._slow_at >= self._slow_every:
-                self._slow_at, slow_from = now, None
-            latest = await read_full(
-                self._source, self._servers, slow_from, latest, optional=optional
+            # the first memory read is sent beside the first full read, not before it
+            slow, full = await asyncio.gather(
+                self._slow.get(None),
+                read_full(self._source, self._servers, latest, optional=optional),
             )
+            latest = carrying(full, slow)
         else:
             latest = await read_moved(self._source, latest, since)
         self._latest = latest

@@ -22,7 +22,7 @@ class Snapshot:
     errors: dict[str, Problem] = field(default_factory=dict)
     full: bool = True  # whether every signal was read for every pod at `time`
     carried: frozenset[str] = frozenset()
-    """Signals taken from an earlier read (SLOW_SIGNALS between their reads), not asked now."""
+    """Signals taken from their own lane (SLOW_SIGNALS, `reader.read_slow`), not asked now."""
 
     def asked_for(self, signals: Set[str]) -> bool:
         """Whether the read asked for every one of `signals`, answered or not: it leaves out
