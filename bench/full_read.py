@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
 import json
@@ -44,6 +45,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,33 @@ def prometheus(workdir: Path, targets: Path) -> tuple[subprocess.Popen[bytes], s
     )
     proc, port = start_prometheus(binary, workdir)
     return proc, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def emulated_prometheus(
+    pods: int, prefix: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """The emulator over `pods` pods and a real Prometheus scraping it, once every series is in
+    and has been scraped twice more: (Prometheus' URL, its process, a scratch directory), all
+    stopped and removed on the way out."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    targets = workdir / "targets.json"
+    ports: multiprocessing.Queue[int] = multiprocessing.Queue()
+    emulator = multiprocessing.Process(target=emulate, args=(pods, targets, ports), daemon=True)
+    emulator.start()
+    try:
+        ports.get(timeout=300)
+        prometheus_process, url = prometheus(workdir, targets)
+        try:
+            wait_for_series(url, pods)
+            wait_for_scrapes(url, more=2)
+            yield url, prometheus_process, workdir
+        finally:
+            prometheus_process.terminate()
+            prometheus_process.wait(timeout=30)
+    finally:
+        emulator.terminate()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def instant(url: str, promql: str) -> Any:
@@ -291,19 +320,11 @@ def main() -> None:
         print(json.dumps(measure(args.url, args.prometheus_pid, args.pods, args.repeat, None)))
         return
     sys.path.insert(0, str(REPO / "operator"))
-    workdir = Path(tempfile.mkdtemp(prefix="gpusizer-full-read-"))
-    targets = workdir / "targets.json"
-    ports: multiprocessing.Queue[int] = multiprocessing.Queue()
-    emulator = multiprocessing.Process(
-        target=emulate, args=(args.pods, targets, ports), daemon=True
-    )
-    emulator.start()
-    ports.get(timeout=300)
-    prometheus_process, url = prometheus(workdir, targets)
-    baseline_tree: Path | None = None
-    try:
-        wait_for_series(url, args.pods)
-        wait_for_scrapes(url, more=2)
+    with emulated_prometheus(args.pods, "gpusizer-full-read-") as (
+        url,
+        prometheus_process,
+        workdir,
+    ):
         results: dict[str, Any] = {}
         if args.baseline:
             baseline_tree = workdir / "baseline"
@@ -334,11 +355,6 @@ def main() -> None:
             ).stdout
             results[args.baseline] = json.loads(out)
         results["now"] = measure(url, prometheus_process.pid, args.pods, args.repeat, args.profile)
-    finally:
-        prometheus_process.terminate()
-        prometheus_process.wait(timeout=30)
-        emulator.terminate()
-        shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=1))
         return
