@@ -42,15 +42,16 @@ from gpusizer.signals.queries import (  # noqa: E402
     batched_signals,
     move_floor,
     moves_query,
+    pod_query,
     queue_signal,
 )
 
 # what `SnapshotReader.read` asks for at the default read period
 SINCE_SECONDS = DEFAULT_READ_PERIOD_SECONDS + MOVE_MARGIN_SECONDS
-# short name: (the operator's signal, PromQL's aggregation of its combine, a series' identity)
+# short name: (the operator's signal, the labels that tell its series apart)
 SIGNALS = {
-    "gpu": (GPU_UTIL, "avg", "namespace, pod, UUID, GPU_I_ID"),
-    "queue": (queue_signal(Server.VLLM), "sum", "namespace, pod"),
+    "gpu": (GPU_UTIL, "namespace, pod, UUID, GPU_I_ID"),
+    "queue": (queue_signal(Server.VLLM), "namespace, pod"),
 }
 
 
@@ -58,20 +59,19 @@ def forms() -> dict[str, str]:
     offset = f"offset {round(SINCE_SECONDS * 1000)}ms"
     wanted = batched_signals([Server.VLLM])
     out: dict[str, str] = {}
-    for name, (signal, aggregate, identity) in SIGNALS.items():
+    for name, (signal, identity) in SIGNALS.items():
         selector, scale, combine = wanted[signal]
         floor = move_floor(signal, scale)
         then = f"{selector} {offset}"
+        combined = pod_query(selector, combine, dated=False)
         ratio = f"clamp_min({selector}, {floor:g}) / clamp_min({then}, {floor:g})"
         out[f"{name} moves"] = moves_query(selector, combine, floor, SINCE_SECONDS)
         out[f"{name} per-series"] = f"abs(1 - {ratio}) > {MOVE_FRACTION}"
         out[f"{name} selection"] = selector
         out[f"{name} at offset"] = then
-        out[f"{name} by 4 labels"] = f"{aggregate} by ({POD_LABELS}) ({selector})"
-        out[f"{name} by 2 labels"] = f"{aggregate} by (namespace, pod) ({selector})"
-        out[f"{name} combined ratio"] = (
-            f"{aggregate} by ({POD_LABELS}) ({selector}) / {aggregate} by ({POD_LABELS}) ({then})"
-        )
+        out[f"{name} by 4 labels"] = combined
+        out[f"{name} by 2 labels"] = combined.replace(POD_LABELS, "namespace, pod")
+        out[f"{name} combined ratio"] = f"{combined} / {pod_query(then, combine, dated=False)}"
         out[f"{name} series ratio"] = f"{selector} / {then}"
         out[f"{name} ratio on few"] = f"{selector} / on ({identity}) ({then})"
     return out
